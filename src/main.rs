@@ -1,0 +1,3 @@
+//! The `picket` binary: command-line parsing only; everything else is in the library.
+
+fn main() {}

@@ -1,0 +1,3 @@
+//! Probing of data servers: one task per instance.
+
+pub mod info;
