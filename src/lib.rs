@@ -20,3 +20,4 @@ pub mod addr;
 pub mod config;
 pub mod discovery;
 pub mod probe;
+pub mod tls;

@@ -130,6 +130,7 @@ mod tests {
             master: Addr::new("127.0.0.1", port),
             old_master: None,
             replicas: vec![],
+            reporter: super::super::Reporter::Leader,
         }
     }
 

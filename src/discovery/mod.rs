@@ -42,6 +42,30 @@ pub struct Topology {
     pub old_master: Option<Addr>,
     /// Known replicas (not including the master).
     pub replicas: Vec<Addr>,
+    /// Whether this daemon carried out the failover (`leader`) or learned
+    /// the outcome from a peer (`observer`), as in Sentinel's
+    /// client-reconfig-script arguments.
+    pub reporter: Reporter,
+}
+
+/// Who publishes a topology.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reporter {
+    /// The daemon that won the election and promoted the master.
+    Leader,
+    /// A daemon that adopted the outcome from a peer (or at start-up).
+    Observer,
+}
+
+impl Reporter {
+    /// `leader` or `observer`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reporter::Leader => "leader",
+            Reporter::Observer => "observer",
+        }
+    }
 }
 
 /// Why a backend write did not happen.
