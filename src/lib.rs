@@ -20,4 +20,5 @@ pub mod addr;
 pub mod config;
 pub mod discovery;
 pub mod probe;
+pub mod resp;
 pub mod tls;

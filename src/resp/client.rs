@@ -1,0 +1,256 @@
+//! A RESP2 connection to one server: connect and per-command timeouts,
+//! `AUTH`, optional TLS, a frame-size cap and typed error replies.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use redis_protocol::resp2::types::BytesFrame;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_util::codec::Framed;
+
+use super::{RespCodec, RespError, classify_error, command};
+use crate::config::TlsConfig;
+
+/// A byte stream: plain TCP or TLS over TCP.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// TLS settings ready to use for connections.
+#[derive(Clone)]
+pub struct TlsClient {
+    connector: tokio_rustls::TlsConnector,
+    server_name: Option<String>,
+}
+
+impl std::fmt::Debug for TlsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsClient")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_pem_certs(path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, RespError> {
+    use rustls_pki_types::pem::PemObject;
+    let certs: Result<Vec<_>, _> = rustls_pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(|e| RespError::Tls(format!("{}: {e}", path.display())))?
+        .collect();
+    let certs = certs.map_err(|e| RespError::Tls(format!("{}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(RespError::Tls(format!(
+            "{}: no certificate found",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+impl TlsClient {
+    /// Build from the group's `tls` settings: CA file (else no server can be
+    /// verified, so it is required), optional client certificate and key.
+    pub fn from_config(cfg: &TlsConfig) -> Result<Self, RespError> {
+        use rustls_pki_types::pem::PemObject;
+        crate::tls::install_crypto_provider();
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = cfg
+            .ca_file
+            .as_deref()
+            .ok_or_else(|| RespError::Tls("tls.ca_file is required".into()))?;
+        for cert in read_pem_certs(ca)? {
+            roots
+                .add(cert)
+                .map_err(|e| RespError::Tls(format!("{}: {e}", ca.display())))?;
+        }
+        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+        let config = match (&cfg.cert_file, &cfg.key_file) {
+            (Some(cert), Some(key)) => {
+                let chain = read_pem_certs(cert)?;
+                let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| RespError::Tls(format!("{}: {e}", key.display())))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| RespError::Tls(e.to_string()))?
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        Ok(TlsClient {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            server_name: cfg.server_name.clone(),
+        })
+    }
+}
+
+/// How to connect and authenticate.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Deadline for TCP connect plus TLS handshake plus AUTH.
+    pub connect_timeout: Duration,
+    /// Default deadline for one command.
+    pub command_timeout: Duration,
+    /// ACL user name (`AUTH user pass`); `None` sends `AUTH pass`.
+    pub username: Option<String>,
+    /// Password; `None` skips AUTH.
+    pub password: Option<String>,
+    /// TLS, when the servers require it.
+    pub tls: Option<TlsClient>,
+    /// Cap on one reply frame.
+    pub max_frame: usize,
+    /// `CLIENT SETNAME` after connecting, so operators see us in `CLIENT LIST`.
+    pub client_name: Option<String>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            connect_timeout: Duration::from_secs(1),
+            command_timeout: Duration::from_secs(1),
+            username: None,
+            password: None,
+            tls: None,
+            max_frame: super::DEFAULT_MAX_FRAME,
+            client_name: None,
+        }
+    }
+}
+
+/// One connection. Commands are sent one at a time; a connection whose
+/// command failed with a transport error must be dropped.
+pub struct Connection {
+    framed: Framed<Box<dyn Io>, RespCodec>,
+    command_timeout: Duration,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection").finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Connect to `addr` (`host:port`), negotiate TLS, AUTH and SETNAME, all
+    /// within `opts.connect_timeout`.
+    pub async fn connect(addr: &str, opts: &ClientOptions) -> Result<Connection, RespError> {
+        tokio::time::timeout(opts.connect_timeout, Self::connect_inner(addr, opts))
+            .await
+            .map_err(|_| RespError::Timeout(opts.connect_timeout))?
+    }
+
+    async fn connect_inner(addr: &str, opts: &ClientOptions) -> Result<Connection, RespError> {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|source| RespError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+        // Probes are tiny request/reply exchanges: never wait for Nagle.
+        let _ = tcp.set_nodelay(true);
+        let io: Box<dyn Io> = match &opts.tls {
+            None => Box::new(tcp),
+            Some(tls) => {
+                let host = match &tls.server_name {
+                    Some(n) => n.clone(),
+                    None => addr
+                        .rsplit_once(':')
+                        .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+                        .unwrap_or(addr)
+                        .to_string(),
+                };
+                let name = rustls_pki_types::ServerName::try_from(host.clone())
+                    .map_err(|e| RespError::Tls(format!("server name {host:?}: {e}")))?;
+                let stream = tls
+                    .connector
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| RespError::Tls(e.to_string()))?;
+                Box::new(stream)
+            }
+        };
+        let mut conn = Connection {
+            framed: Framed::new(io, RespCodec::new(opts.max_frame)),
+            command_timeout: opts.command_timeout,
+        };
+        if let Some(pw) = &opts.password {
+            let reply = match &opts.username {
+                Some(user) => conn.call(["AUTH", user.as_str(), pw.as_str()]).await?,
+                None => conn.call(["AUTH", pw.as_str()]).await?,
+            };
+            if !matches!(reply, BytesFrame::SimpleString(_)) {
+                return Err(RespError::Unexpected(format!("AUTH replied {reply:?}")));
+            }
+        }
+        if let Some(name) = &opts.client_name {
+            // Not every server accepts SETNAME (or the ACL may deny it);
+            // the name is only a courtesy.
+            match conn.call(["CLIENT", "SETNAME", name.as_str()]).await {
+                Ok(_) | Err(RespError::Server(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(conn)
+    }
+
+    /// Send one command (arguments as separate bulk strings) and wait for its
+    /// reply within the default command timeout. Error replies are `Err`.
+    pub async fn call<I, A>(&mut self, args: I) -> Result<BytesFrame, RespError>
+    where
+        I: IntoIterator<Item = A>,
+        A: AsRef<[u8]>,
+    {
+        let t = self.command_timeout;
+        self.call_timeout(args, t).await
+    }
+
+    /// Like [`Connection::call`] with an explicit timeout (e.g. `REPLTAKEOVER`,
+    /// whose server-side wait is longer than a normal command's).
+    pub async fn call_timeout<I, A>(
+        &mut self,
+        args: I,
+        timeout: Duration,
+    ) -> Result<BytesFrame, RespError>
+    where
+        I: IntoIterator<Item = A>,
+        A: AsRef<[u8]>,
+    {
+        let frame = command(args);
+        tokio::time::timeout(timeout, self.roundtrip(frame))
+            .await
+            .map_err(|_| RespError::Timeout(timeout))?
+    }
+
+    async fn roundtrip(&mut self, frame: BytesFrame) -> Result<BytesFrame, RespError> {
+        self.framed.send(frame).await?;
+        match self.framed.next().await {
+            None => Err(RespError::Closed),
+            Some(Err(e)) => Err(e),
+            Some(Ok(BytesFrame::Error(msg))) => Err(RespError::Server(classify_error(&msg))),
+            Some(Ok(frame)) => Ok(frame),
+        }
+    }
+
+    /// Send a command and do not wait for a reply (e.g. `CLIENT KILL LADDR`
+    /// on Dragonfly, which closes our own connection too).
+    pub async fn send_only<I, A>(&mut self, args: I) -> Result<(), RespError>
+    where
+        I: IntoIterator<Item = A>,
+        A: AsRef<[u8]>,
+    {
+        let t = self.command_timeout;
+        tokio::time::timeout(t, self.framed.send(command(args)))
+            .await
+            .map_err(|_| RespError::Timeout(t))?
+    }
+
+    /// Send a command and read its reply as text (INFO).
+    pub async fn call_text<I, A>(&mut self, args: I) -> Result<String, RespError>
+    where
+        I: IntoIterator<Item = A>,
+        A: AsRef<[u8]>,
+    {
+        let reply = self.call(args).await?;
+        super::frame_text(&reply)
+            .ok_or_else(|| RespError::Unexpected(format!("expected a string, got {reply:?}")))
+    }
+}
