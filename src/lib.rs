@@ -19,6 +19,10 @@
 pub mod addr;
 pub mod config;
 pub mod discovery;
+pub mod events;
+pub mod failover;
+pub mod metrics;
 pub mod probe;
+pub mod quorum;
 pub mod resp;
 pub mod tls;

@@ -7,6 +7,7 @@
 //! a higher one; it answers [`DiscoveryError::Stale`] instead.
 
 pub mod memory;
+pub mod runner;
 
 use std::future::Future;
 use std::pin::Pin;

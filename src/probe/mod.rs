@@ -1,3 +1,279 @@
 //! Probing of data servers: one task per instance.
+//!
+//! A probe owns its connection, sends `PING` every `ping_period` and `INFO`
+//! every `info_period` (or at once when the group asks), and reports what
+//! it saw to the group's decision task. It decides nothing itself.
 
 pub mod info;
+pub mod sdown;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::addr::Addr;
+use crate::metrics as m;
+use crate::resp::{ClientOptions, Connection, RespError};
+pub use info::{Flavour, InfoSnapshot, Role};
+
+/// What a probe reports.
+#[derive(Debug, Clone)]
+pub enum ProbeEvent {
+    /// A PING round trip ended (or failed).
+    Ping {
+        /// The instance.
+        addr: Addr,
+        /// When the reply (or the failure) was seen.
+        at: Instant,
+        /// `PONG`, `-LOADING` or `-MASTERDOWN`.
+        valid: bool,
+        /// Round-trip time when there was a reply.
+        latency: Option<Duration>,
+        /// What went wrong, when not valid.
+        error: Option<String>,
+    },
+    /// A parsed INFO reply.
+    Info {
+        /// The instance.
+        addr: Addr,
+        /// When it arrived.
+        at: Instant,
+        /// The parsed reply.
+        info: Box<InfoSnapshot>,
+    },
+    /// Connecting failed (or the connection broke).
+    Unreachable {
+        /// The instance.
+        addr: Addr,
+        /// When.
+        at: Instant,
+        /// Why (connection refused, timeout, WRONGPASS, ...).
+        error: String,
+    },
+}
+
+impl ProbeEvent {
+    /// The instance the event is about.
+    pub fn addr(&self) -> &Addr {
+        match self {
+            ProbeEvent::Ping { addr, .. }
+            | ProbeEvent::Info { addr, .. }
+            | ProbeEvent::Unreachable { addr, .. } => addr,
+        }
+    }
+}
+
+/// Settings of one probe.
+#[derive(Debug, Clone)]
+pub struct ProbeSettings {
+    /// Group name (metric label).
+    pub group: String,
+    /// The instance.
+    pub addr: Addr,
+    /// PING cadence.
+    pub ping_period: Duration,
+    /// INFO cadence.
+    pub info_period: Duration,
+    /// How long a PING may stay unanswered before the connection is
+    /// considered stuck and re-established.
+    pub ping_timeout: Duration,
+    /// Connection settings (auth, TLS, timeouts).
+    pub client: ClientOptions,
+}
+
+/// Control handle of a running probe; dropping it stops the probe.
+#[derive(Debug)]
+pub struct ProbeHandle {
+    cancel: CancellationToken,
+    info_now: Arc<Notify>,
+}
+
+impl ProbeHandle {
+    /// Ask for an INFO as soon as possible (e.g. during a failover).
+    pub fn refresh_info(&self) {
+        self.info_now.notify_one();
+    }
+
+    /// Stop the probe.
+    pub fn stop(&self) {
+        self.cancel.cancel();
+    }
+}
+
+impl Drop for ProbeHandle {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Start a probe task; it reports on `tx` until `stop` or until `parent` is
+/// cancelled.
+pub fn spawn(
+    settings: ProbeSettings,
+    tx: mpsc::Sender<ProbeEvent>,
+    parent: &CancellationToken,
+) -> ProbeHandle {
+    let cancel = parent.child_token();
+    let info_now = Arc::new(Notify::new());
+    let handle = ProbeHandle {
+        cancel: cancel.clone(),
+        info_now: info_now.clone(),
+    };
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = run(settings, tx, info_now) => {}
+        }
+    });
+    handle
+}
+
+async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, info_now: Arc<Notify>) {
+    let addr_s = s.addr.to_string();
+    let mut conn: Option<Connection> = None;
+    let mut next_ping = Instant::now();
+    let mut next_info = Instant::now();
+    loop {
+        if conn.is_none() {
+            match Connection::connect(&addr_s, &s.client).await {
+                Ok(c) => {
+                    conn = Some(c);
+                    // A (re)connected instance is read at once: a returning
+                    // old master must be seen, and demoted, without delay.
+                    next_info = Instant::now();
+                    next_ping = Instant::now();
+                }
+                Err(e) => {
+                    metrics::counter!(m::PROBE_ERRORS, "group" => s.group.clone(), "instance" => addr_s.clone(), "kind" => e.metric_label()).increment(1);
+                    let ev = ProbeEvent::Unreachable {
+                        addr: s.addr.clone(),
+                        at: Instant::now(),
+                        error: e.to_string(),
+                    };
+                    if tx.send(ev).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(s.ping_period).await;
+                    continue;
+                }
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let now = Instant::now();
+        let result = if now >= next_info {
+            next_info = now + s.info_period;
+            info_round(&s, c, &tx).await
+        } else if now >= next_ping {
+            next_ping = now + s.ping_period;
+            ping_round(&s, c, &tx).await
+        } else {
+            let wake = next_ping.min(next_info);
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = info_now.notified() => { next_info = Instant::now(); }
+            }
+            continue;
+        };
+        match result {
+            Ok(true) => {}
+            Ok(false) => return, // the group is gone
+            Err(e) => {
+                metrics::counter!(m::PROBE_ERRORS, "group" => s.group.clone(), "instance" => addr_s.clone(), "kind" => e.metric_label()).increment(1);
+                if e.is_fatal_to_connection() {
+                    conn = None;
+                    let ev = ProbeEvent::Unreachable {
+                        addr: s.addr.clone(),
+                        at: Instant::now(),
+                        error: e.to_string(),
+                    };
+                    if tx.send(ev).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One PING. Returns Ok(false) when the receiver is gone.
+async fn ping_round(
+    s: &ProbeSettings,
+    c: &mut Connection,
+    tx: &mpsc::Sender<ProbeEvent>,
+) -> Result<bool, RespError> {
+    let start = Instant::now();
+    let reply = c.call_timeout(["PING"], s.ping_timeout).await;
+    let at = Instant::now();
+    let valid = sdown::is_valid_ping_reply(&reply);
+    let latency = at - start;
+    if valid {
+        metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), "instance" => s.addr.to_string())
+            .record(latency.as_secs_f64());
+    }
+    let (error, fatal) = match &reply {
+        Ok(_) if valid => (None, None),
+        Ok(f) => (Some(format!("unexpected PING reply {f:?}")), None),
+        Err(e) if valid => (Some(e.to_string()), None),
+        Err(e) => (Some(e.to_string()), Some(e)),
+    };
+    let ev = ProbeEvent::Ping {
+        addr: s.addr.clone(),
+        at,
+        valid,
+        latency: reply.is_ok().then_some(latency),
+        error,
+    };
+    if tx.send(ev).await.is_err() {
+        return Ok(false);
+    }
+    match fatal {
+        Some(e) if e.is_fatal_to_connection() => Err(reply.err().unwrap_or(RespError::Closed)),
+        _ => Ok(true),
+    }
+}
+
+/// One INFO (all sections picket reads). Returns Ok(false) when the
+/// receiver is gone.
+async fn info_round(
+    s: &ProbeSettings,
+    c: &mut Connection,
+    tx: &mpsc::Sender<ProbeEvent>,
+) -> Result<bool, RespError> {
+    let start = Instant::now();
+    // `INFO` without arguments covers server, replication and persistence
+    // on every flavour (Dragonfly does not accept several section names).
+    let text = match c.call_text(["INFO"]).await {
+        Ok(t) => t,
+        Err(RespError::Server(e)) => {
+            // A LOADING server still answers PING; INFO errors are reported
+            // through the PING path, not as unreachability.
+            tracing::debug!(instance = %s.addr, error = %e, "INFO refused");
+            return Ok(true);
+        }
+        Err(e) => return Err(e),
+    };
+    let at = Instant::now();
+    let info = info::parse_info(&text);
+    metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), "instance" => s.addr.to_string())
+        .record((at - start).as_secs_f64());
+    // INFO is also proof of life.
+    let ping = ProbeEvent::Ping {
+        addr: s.addr.clone(),
+        at,
+        valid: true,
+        latency: Some(at - start),
+        error: None,
+    };
+    if tx.send(ping).await.is_err() {
+        return Ok(false);
+    }
+    let ev = ProbeEvent::Info {
+        addr: s.addr.clone(),
+        at,
+        info: Box::new(info),
+    };
+    Ok(tx.send(ev).await.is_ok())
+}

@@ -1,0 +1,565 @@
+//! The failover state machine (DESIGN.md, failover steps 5–8 and the
+//! planned switchover), pure: inputs and time in, actions out. The group
+//! task carries the actions out and feeds their results back.
+//!
+//! ```text
+//! Fencing ──ok──▶ Promoting ──ok──▶ Publishing ──ok──▶ Reconfiguring ──▶ Done
+//!    │               │  ▲ retry (flush failed)                    (timeout: done anyway)
+//!    └──timeout──────┴──┴──────────▶ Aborted (never after publication)
+//! ```
+//!
+//! Gating (invariants 4 and 5): the old master is fenced before the
+//! promotion is even attempted, and the new master is published only after
+//! the promotion (and, with `flush_on_failover`, the flush) succeeded. Once
+//! the new master is published the failover can only finish.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::addr::Addr;
+
+/// Unplanned failover or planned switchover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The master is down: `REPLICAOF NO ONE` on the candidate.
+    Unplanned,
+    /// The master is alive: `FAILOVER` (Redis/Valkey) or `REPLTAKEOVER`
+    /// (Dragonfly). Never flushes.
+    Switchover,
+}
+
+/// Where the failover is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for the discovery backends to drop the old master.
+    Fencing,
+    /// Promoting (and flushing) the candidate.
+    Promoting,
+    /// Persisting and publishing the new master.
+    Publishing,
+    /// Re-pointing the other replicas.
+    Reconfiguring,
+    /// Finished: the new master is in place.
+    Done,
+    /// Given up before publication.
+    Aborted,
+}
+
+impl Phase {
+    /// Name for status and Sentinel's `failover-state` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Fencing => "fence_old_master",
+            Phase::Promoting => "send_slaveof_noone",
+            Phase::Publishing => "update_config",
+            Phase::Reconfiguring => "reconf_slaves",
+            Phase::Done => "done",
+            Phase::Aborted => "aborted",
+        }
+    }
+}
+
+/// Why a promotion step failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromoteError {
+    /// REPLICAOF NO ONE / FAILOVER / REPLTAKEOVER failed or the role did not change.
+    Promotion(String),
+    /// FLUSHALL failed or DBSIZE was not 0 afterwards.
+    Flush(String),
+    /// The switchover did not complete in time and the old master serves again.
+    SwitchoverTimedOut(String),
+}
+
+/// An input to the machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// Time passed.
+    Tick,
+    /// The fence was confirmed by the required backends (or failed).
+    Fenced(Result<(), String>),
+    /// The promotion step ended.
+    Promoted(Result<(), PromoteError>),
+    /// The new config was persisted and published (required backends).
+    Published(Result<(), String>),
+    /// A REPLICAOF to a replica was sent (or failed).
+    RepointSent(Addr, Result<(), String>),
+    /// A replica reports the new master with its link up.
+    ReplicaSynced(Addr),
+}
+
+/// What the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Fence `old_master` in every backend with `epoch`.
+    Fence {
+        /// The master leaving routing.
+        old_master: Addr,
+    },
+    /// Promote the candidate (`flush`: FLUSHALL then check DBSIZE = 0).
+    Promote {
+        /// The replica.
+        candidate: Addr,
+        /// Whether to flush it before it can be advertised.
+        flush: bool,
+    },
+    /// Planned switchover to the candidate.
+    Switchover {
+        /// The replica that takes over.
+        candidate: Addr,
+        /// The master handing over.
+        old_master: Addr,
+    },
+    /// Persist the new config and publish it; emit `+switch-master`.
+    Publish {
+        /// The new master.
+        master: Addr,
+    },
+    /// `REPLICAOF new_master` on a replica.
+    Repoint {
+        /// The replica.
+        replica: Addr,
+        /// Its new master.
+        master: Addr,
+    },
+    /// Publish an event (Sentinel channel name, payload detail).
+    Event(&'static str, String),
+    /// The failover ended.
+    Finished(Outcome),
+}
+
+/// How a failover ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The new master is published and the replicas re-pointed.
+    Completed,
+    /// Published; some replicas did not confirm in time.
+    CompletedWithTimeout,
+    /// Nothing was published.
+    Aborted(String),
+}
+
+/// One failover in progress.
+#[derive(Debug, Clone)]
+pub struct Failover {
+    /// The epoch won for it.
+    pub epoch: u64,
+    /// Unplanned or planned.
+    pub kind: Kind,
+    /// The master being replaced.
+    pub old_master: Addr,
+    /// The replica being promoted.
+    pub candidate: Addr,
+    /// Flush before publication.
+    pub flush: bool,
+    phase: Phase,
+    started: Instant,
+    deadline: Instant,
+    retry_at: Option<Instant>,
+    attempts: u32,
+    todo: VecDeque<Addr>,
+    in_flight: BTreeMap<Addr, Instant>,
+    parallel_syncs: usize,
+    reconf_timeout: Duration,
+    reconf_deadline: Option<Instant>,
+}
+
+/// Delay before retrying a failed promotion or flush.
+pub const PROMOTE_RETRY: Duration = Duration::from_millis(200);
+
+impl Failover {
+    /// Start a failover (the election is already won). Returns the machine
+    /// and its first actions. `replicas` are the other replicas to re-point.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        now: Instant,
+        epoch: u64,
+        kind: Kind,
+        old_master: Addr,
+        candidate: Addr,
+        flush_on_failover: bool,
+        replicas: Vec<Addr>,
+        parallel_syncs: u32,
+        failover_timeout: Duration,
+    ) -> (Failover, Vec<Action>) {
+        let todo = replicas
+            .into_iter()
+            .filter(|r| *r != candidate && *r != old_master)
+            .collect();
+        let f = Failover {
+            epoch,
+            kind,
+            flush: flush_on_failover && kind == Kind::Unplanned,
+            old_master: old_master.clone(),
+            candidate: candidate.clone(),
+            phase: Phase::Fencing,
+            started: now,
+            deadline: now + failover_timeout,
+            retry_at: None,
+            attempts: 0,
+            todo,
+            in_flight: BTreeMap::new(),
+            parallel_syncs: parallel_syncs.max(1) as usize,
+            // Sentinel's slave-reconf-timeout, bounded by the failover timeout.
+            reconf_timeout: failover_timeout.min(Duration::from_secs(10)),
+            reconf_deadline: None,
+        };
+        let actions = vec![
+            Action::Event("+selected-slave", candidate.to_string()),
+            Action::Fence { old_master },
+        ];
+        (f, actions)
+    }
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// When the failover started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Whether the machine has finished (done or aborted).
+    pub fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Done | Phase::Aborted)
+    }
+
+    fn promote_action(&self) -> Action {
+        match self.kind {
+            Kind::Unplanned => Action::Promote {
+                candidate: self.candidate.clone(),
+                flush: self.flush,
+            },
+            Kind::Switchover => Action::Switchover {
+                candidate: self.candidate.clone(),
+                old_master: self.old_master.clone(),
+            },
+        }
+    }
+
+    fn abort(&mut self, why: String) -> Vec<Action> {
+        self.phase = Phase::Aborted;
+        let ev = match self.kind {
+            Kind::Switchover => "-failover-abort-switchover",
+            Kind::Unplanned => "-failover-abort-slave-timeout",
+        };
+        vec![
+            Action::Event(ev, why.clone()),
+            Action::Finished(Outcome::Aborted(why)),
+        ]
+    }
+
+    fn next_repoints(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        while self.in_flight.len() < self.parallel_syncs {
+            let Some(r) = self.todo.pop_front() else { break };
+            self.in_flight.insert(r.clone(), now + self.reconf_timeout);
+            out.push(Action::Repoint {
+                replica: r,
+                master: self.candidate.clone(),
+            });
+        }
+        if self.todo.is_empty() && self.in_flight.is_empty() {
+            self.phase = Phase::Done;
+            out.push(Action::Event("+failover-end", self.candidate.to_string()));
+            out.push(Action::Finished(Outcome::Completed));
+        }
+        out
+    }
+
+    /// Feed an input at `now`.
+    pub fn step(&mut self, now: Instant, input: Input) -> Vec<Action> {
+        if self.is_finished() {
+            return Vec::new();
+        }
+        match (self.phase, input) {
+            (Phase::Fencing, Input::Fenced(Ok(()))) => {
+                self.phase = Phase::Promoting;
+                self.attempts = 1;
+                vec![
+                    Action::Event("+failover-state-send-slaveof-noone", self.candidate.to_string()),
+                    self.promote_action(),
+                ]
+            }
+            (Phase::Fencing, Input::Fenced(Err(e))) => {
+                // The runner already retried until the deadline (or a
+                // backend holds a newer epoch): promoting now could leave
+                // two masters in routing.
+                self.abort(format!("fencing the old master failed: {e}"))
+            }
+            (Phase::Promoting, Input::Promoted(Ok(()))) => {
+                self.phase = Phase::Publishing;
+                vec![
+                    Action::Event("+promoted-slave", self.candidate.to_string()),
+                    Action::Publish {
+                        master: self.candidate.clone(),
+                    },
+                ]
+            }
+            (Phase::Promoting, Input::Promoted(Err(PromoteError::SwitchoverTimedOut(e)))) => {
+                self.abort(format!("switchover timed out: {e}"))
+            }
+            (Phase::Promoting, Input::Promoted(Err(e))) => {
+                if now + PROMOTE_RETRY >= self.deadline {
+                    let what = match e {
+                        PromoteError::Flush(m) => format!("flush failed: {m}"),
+                        PromoteError::Promotion(m) | PromoteError::SwitchoverTimedOut(m) => {
+                            format!("promotion failed: {m}")
+                        }
+                    };
+                    self.abort(what)
+                } else {
+                    self.retry_at = Some(now + PROMOTE_RETRY);
+                    Vec::new()
+                }
+            }
+            (Phase::Publishing, Input::Published(result)) => {
+                // Publication is not undone: the new master is persisted and
+                // at least announced on the API. A backend that did not
+                // confirm keeps being retried by the discovery runner.
+                let mut out = vec![Action::Event(
+                    "+failover-state-reconf-slaves",
+                    self.candidate.to_string(),
+                )];
+                if let Err(e) = result {
+                    out.push(Action::Event("-publish-incomplete", e));
+                }
+                self.phase = Phase::Reconfiguring;
+                self.reconf_deadline = Some(now + self.reconf_timeout.max(Duration::from_secs(1)));
+                out.extend(self.next_repoints(now));
+                out
+            }
+            (Phase::Reconfiguring, Input::RepointSent(addr, Err(e))) => {
+                // Count it as done: the group task fixes wrong replicas
+                // later (+fix-slave-config), as Sentinel does.
+                self.in_flight.remove(&addr);
+                let mut out = vec![Action::Event("-slave-reconf-failed", format!("{addr} {e}"))];
+                out.extend(self.next_repoints(now));
+                out
+            }
+            (Phase::Reconfiguring, Input::RepointSent(_, Ok(()))) => Vec::new(),
+            (Phase::Reconfiguring, Input::ReplicaSynced(addr)) => {
+                if self.in_flight.remove(&addr).is_some() {
+                    let mut out = vec![Action::Event("+slave-reconf-done", addr.to_string())];
+                    out.extend(self.next_repoints(now));
+                    out
+                } else {
+                    // Already following the new master (e.g. it re-pointed
+                    // itself): nothing to send.
+                    if let Some(pos) = self.todo.iter().position(|a| *a == addr) {
+                        self.todo.remove(pos);
+                    }
+                    if self.todo.is_empty() && self.in_flight.is_empty() {
+                        self.next_repoints(now)
+                    } else {
+                        Vec::new()
+                    }
+                }
+            }
+            (_, Input::Tick) => self.tick(now),
+            _ => Vec::new(),
+        }
+    }
+
+    fn tick(&mut self, now: Instant) -> Vec<Action> {
+        match self.phase {
+            Phase::Fencing if now >= self.deadline => {
+                self.abort("fencing the old master did not complete in failover_timeout".into())
+            }
+            Phase::Promoting => {
+                if let Some(at) = self.retry_at {
+                    if now >= at {
+                        self.retry_at = None;
+                        self.attempts += 1;
+                        return vec![self.promote_action()];
+                    }
+                }
+                if now >= self.deadline && self.retry_at.is_some() {
+                    return self.abort("promotion did not succeed in failover_timeout".into());
+                }
+                Vec::new()
+            }
+            Phase::Reconfiguring => {
+                let mut out = Vec::new();
+                let expired: Vec<Addr> = self
+                    .in_flight
+                    .iter()
+                    .filter(|(_, t)| now >= **t)
+                    .map(|(a, _)| a.clone())
+                    .collect();
+                for a in expired {
+                    self.in_flight.remove(&a);
+                    out.push(Action::Event("-slave-reconf-sent-timeout", a.to_string()));
+                }
+                if !out.is_empty() {
+                    out.extend(self.next_repoints(now));
+                }
+                if !self.is_finished() && self.reconf_deadline.is_some_and(|d| now >= d + self.reconf_timeout * 2) {
+                    // Sentinel's +failover-end-for-timeout: send the rest
+                    // best-effort and finish.
+                    for r in self.todo.drain(..).chain(std::mem::take(&mut self.in_flight).into_keys()) {
+                        out.push(Action::Repoint {
+                            replica: r,
+                            master: self.candidate.clone(),
+                        });
+                    }
+                    self.phase = Phase::Done;
+                    out.push(Action::Event("+failover-end-for-timeout", self.candidate.to_string()));
+                    out.push(Action::Finished(Outcome::CompletedWithTimeout));
+                }
+                out
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Attempts at the promotion step so far.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::advance;
+
+    fn a(p: u16) -> Addr {
+        Addr::new("127.0.0.1", p)
+    }
+
+    fn start(kind: Kind, flush: bool, replicas: Vec<Addr>, ps: u32) -> (Failover, Vec<Action>) {
+        Failover::start(
+            Instant::now(),
+            7,
+            kind,
+            a(1),
+            a(2),
+            flush,
+            replicas,
+            ps,
+            Duration::from_secs(5),
+        )
+    }
+
+    fn only<'a>(actions: &'a [Action], f: impl Fn(&Action) -> bool) -> Vec<&'a Action> {
+        actions.iter().filter(|x| f(x)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gated_order_fence_promote_publish_repoint() {
+        let (mut f, acts) = start(Kind::Unplanned, true, vec![a(2), a(3), a(4)], 1);
+        assert!(acts.contains(&Action::Fence { old_master: a(1) }));
+        assert!(!acts.iter().any(|x| matches!(x, Action::Promote { .. } | Action::Publish { .. })));
+        // Nothing is promoted before the fence is confirmed.
+        assert!(f.step(Instant::now(), Input::Tick).is_empty());
+        let acts = f.step(Instant::now(), Input::Fenced(Ok(())));
+        assert!(acts.contains(&Action::Promote { candidate: a(2), flush: true }));
+        assert!(!acts.iter().any(|x| matches!(x, Action::Publish { .. })));
+        let acts = f.step(Instant::now(), Input::Promoted(Ok(())));
+        assert!(acts.contains(&Action::Publish { master: a(2) }));
+        let acts = f.step(Instant::now(), Input::Published(Ok(())));
+        // parallel_syncs = 1: one re-point at a time, candidate excluded.
+        let reps = only(&acts, |x| matches!(x, Action::Repoint { .. }));
+        assert_eq!(reps, vec![&Action::Repoint { replica: a(3), master: a(2) }]);
+        let acts = f.step(Instant::now(), Input::ReplicaSynced(a(3)));
+        let reps = only(&acts, |x| matches!(x, Action::Repoint { .. }));
+        assert_eq!(reps, vec![&Action::Repoint { replica: a(4), master: a(2) }]);
+        let acts = f.step(Instant::now(), Input::ReplicaSynced(a(4)));
+        assert!(acts.contains(&Action::Finished(Outcome::Completed)));
+        assert_eq!(f.phase(), Phase::Done);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn parallel_syncs_bounds_in_flight() {
+        let (mut f, _) = start(Kind::Unplanned, false, vec![a(3), a(4), a(5)], 2);
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        f.step(Instant::now(), Input::Promoted(Ok(())));
+        let acts = f.step(Instant::now(), Input::Published(Ok(())));
+        assert_eq!(only(&acts, |x| matches!(x, Action::Repoint { .. })).len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_flush_is_retried_then_aborted_without_publication() {
+        let (mut f, _) = start(Kind::Unplanned, true, vec![], 1);
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        let mut promotes = 1;
+        let mut published = false;
+        for _ in 0..200 {
+            let acts = f.step(
+                Instant::now(),
+                Input::Promoted(Err(PromoteError::Flush("ERR unknown command".into()))),
+            );
+            published |= acts.iter().any(|x| matches!(x, Action::Publish { .. }));
+            if f.is_finished() {
+                assert!(acts.iter().any(|x| matches!(x, Action::Finished(Outcome::Aborted(m)) if m.contains("flush failed"))));
+                break;
+            }
+            advance(PROMOTE_RETRY).await;
+            let acts = f.step(Instant::now(), Input::Tick);
+            published |= acts.iter().any(|x| matches!(x, Action::Publish { .. }));
+            promotes += acts.iter().filter(|x| matches!(x, Action::Promote { .. })).count();
+        }
+        assert!(!published, "a failed flush must never lead to publication");
+        assert_eq!(f.phase(), Phase::Aborted);
+        assert!(promotes > 5, "retried within failover_timeout ({promotes})");
+        assert!(Instant::now() - f.started() <= Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fencing_that_never_confirms_aborts_at_the_deadline() {
+        let (mut f, _) = start(Kind::Unplanned, false, vec![], 1);
+        advance(Duration::from_secs(4)).await;
+        assert!(f.step(Instant::now(), Input::Tick).is_empty());
+        advance(Duration::from_secs(2)).await;
+        let acts = f.step(Instant::now(), Input::Tick);
+        assert!(acts.iter().any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))));
+        assert!(!acts.iter().any(|x| matches!(x, Action::Promote { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn switchover_never_flushes_and_aborts_cleanly_on_timeout() {
+        let (mut f, _) = start(Kind::Switchover, true, vec![], 1);
+        assert!(!f.flush);
+        let acts = f.step(Instant::now(), Input::Fenced(Ok(())));
+        assert!(acts.contains(&Action::Switchover { candidate: a(2), old_master: a(1) }));
+        let acts = f.step(
+            Instant::now(),
+            Input::Promoted(Err(PromoteError::SwitchoverTimedOut("old master serves again".into()))),
+        );
+        assert!(acts.iter().any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))));
+        assert!(!acts.iter().any(|x| matches!(x, Action::Publish { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_that_never_syncs_does_not_block_the_end() {
+        let (mut f, _) = start(Kind::Unplanned, false, vec![a(3)], 1);
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        f.step(Instant::now(), Input::Promoted(Ok(())));
+        f.step(Instant::now(), Input::Published(Ok(())));
+        let mut finished = false;
+        for _ in 0..100 {
+            advance(Duration::from_millis(500)).await;
+            let acts = f.step(Instant::now(), Input::Tick);
+            if acts.iter().any(|x| matches!(x, Action::Finished(_))) {
+                finished = true;
+                break;
+            }
+        }
+        assert!(finished);
+        assert_eq!(f.phase(), Phase::Done);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_aborts_after_publication() {
+        let (mut f, _) = start(Kind::Unplanned, false, vec![a(3)], 1);
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        f.step(Instant::now(), Input::Promoted(Ok(())));
+        let acts = f.step(Instant::now(), Input::Published(Err("k8s down".into())));
+        assert!(!acts.iter().any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))));
+        assert_eq!(f.phase(), Phase::Reconfiguring);
+    }
+}

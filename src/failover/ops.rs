@@ -1,0 +1,247 @@
+//! Commands sent to data servers during a failover and to fence a
+//! returning old master. Each operation opens its own short-lived
+//! connection (the probe connections stay dedicated to measuring).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::machine::PromoteError;
+use crate::addr::Addr;
+use crate::probe::info::{self, Flavour, InfoSnapshot, Role};
+use crate::resp::{ClientOptions, Connection, RespError, ServerError, frame_int};
+
+/// How to reach instances for administrative commands.
+#[derive(Debug, Clone)]
+pub struct InstanceOps {
+    /// Connection settings (auth, TLS, timeouts).
+    pub client: ClientOptions,
+    /// Dragonfly: the admin port (commands on it are privileged and are
+    /// not paused by `CLIENT PAUSE`).
+    pub admin_port: Option<u16>,
+}
+
+impl InstanceOps {
+    async fn connect(&self, addr: &Addr, flavour: Flavour) -> Result<Connection, RespError> {
+        let target = match (flavour, self.admin_port) {
+            (Flavour::Dragonfly, Some(p)) => Addr::new(addr.host.clone(), p),
+            _ => addr.clone(),
+        };
+        Connection::connect(&target.to_string(), &self.client).await
+    }
+
+    /// Read INFO from `addr`.
+    pub async fn info(&self, addr: &Addr) -> Result<InfoSnapshot, RespError> {
+        let mut c = Connection::connect(&addr.to_string(), &self.client).await?;
+        let text = c.call_text(["INFO"]).await?;
+        Ok(info::parse_info(&text))
+    }
+
+    /// Wait until `addr` reports `want`, polling INFO, for at most `within`.
+    pub async fn wait_role(&self, addr: &Addr, want: Role, within: Duration) -> Result<InfoSnapshot, String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let last = match self.info(addr).await {
+                Ok(i) if i.role == want => return Ok(i),
+                Ok(i) => format!("reports role {:?}", i.role),
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() >= deadline {
+                return Err(format!("{addr} did not report role {want:?} within {within:?}: {last}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Promote `addr` (unplanned failover): `REPLICAOF NO ONE`, with
+    /// `flush` also `FLUSHALL` and a check that `DBSIZE` is 0, then verify
+    /// `role:master`. On Redis/Valkey the promotion and the flush run in
+    /// one MULTI/EXEC so that no write can land between them; Dragonfly
+    /// refuses FLUSHALL in a transaction, so client writes are paused from
+    /// the admin port instead.
+    pub async fn promote(&self, addr: &Addr, flavour: Flavour, flush: bool) -> Result<(), PromoteError> {
+        let perr = |e: RespError| PromoteError::Promotion(format!("{addr}: {e}"));
+        let mut c = self.connect(addr, flavour).await.map_err(perr)?;
+        if !flush {
+            c.call(["REPLICAOF", "NO", "ONE"]).await.map_err(perr)?;
+        } else if flavour == Flavour::Dragonfly {
+            let paused = self.admin_port.is_some()
+                && c.call(["CLIENT", "PAUSE", "5000", "WRITE"]).await.is_ok();
+            let result = async {
+                c.call(["REPLICAOF", "NO", "ONE"]).await.map_err(perr)?;
+                c.call(["FLUSHALL"])
+                    .await
+                    .map_err(|e| PromoteError::Flush(format!("{addr}: FLUSHALL: {e}")))?;
+                Ok::<(), PromoteError>(())
+            }
+            .await;
+            if paused {
+                let _ = c.call(["CLIENT", "UNPAUSE"]).await;
+            }
+            result?;
+        } else {
+            c.call(["MULTI"]).await.map_err(perr)?;
+            c.call(["REPLICAOF", "NO", "ONE"]).await.map_err(perr)?;
+            // Inside MULTI a refused command (renamed, ACL) answers an error
+            // right away and EXEC then aborts the whole transaction: the
+            // replica is not even promoted.
+            if let Err(e) = c.call(["FLUSHALL"]).await {
+                let _ = c.call(["DISCARD"]).await;
+                return Err(PromoteError::Flush(format!("{addr}: FLUSHALL: {e}")));
+            }
+            match c.call(["EXEC"]).await {
+                Ok(redis_protocol::resp2::types::BytesFrame::Array(replies)) => {
+                    for r in replies {
+                        if let redis_protocol::resp2::types::BytesFrame::Error(m) = r {
+                            return Err(PromoteError::Flush(format!("{addr}: {m}")));
+                        }
+                    }
+                }
+                Ok(other) => {
+                    return Err(PromoteError::Flush(format!("{addr}: EXEC replied {other:?}")));
+                }
+                Err(e) => return Err(PromoteError::Flush(format!("{addr}: EXEC: {e}"))),
+            }
+        }
+        if flush {
+            let n = c
+                .call(["DBSIZE"])
+                .await
+                .ok()
+                .and_then(|f| frame_int(&f))
+                .ok_or_else(|| PromoteError::Flush(format!("{addr}: DBSIZE unreadable")))?;
+            if n != 0 {
+                return Err(PromoteError::Flush(format!("{addr}: DBSIZE is {n} after FLUSHALL")));
+            }
+        }
+        self.wait_role(addr, Role::Master, Duration::from_secs(2))
+            .await
+            .map_err(PromoteError::Promotion)?;
+        Ok(())
+    }
+
+    /// `REPLICAOF master` on `replica`.
+    pub async fn repoint(&self, replica: &Addr, flavour: Flavour, master: &Addr) -> Result<(), RespError> {
+        let mut c = self.connect(replica, flavour).await?;
+        let port = match (flavour, self.admin_port) {
+            // Dragonfly replicates over the admin port when one is used.
+            (Flavour::Dragonfly, Some(p)) => p,
+            _ => master.port,
+        };
+        c.call(["REPLICAOF", master.host.as_str(), &port.to_string()])
+            .await?;
+        Ok(())
+    }
+
+    /// Fence a returning old master: make it a replica of `master`, then
+    /// disconnect its clients so that none keeps writing to it (Redis and
+    /// Valkey: `CLIENT KILL TYPE normal` and `pubsub`; Dragonfly has no
+    /// TYPE filter: `CLIENT KILL LADDR`, which also closes our connection).
+    pub async fn demote(&self, addr: &Addr, flavour: Flavour, master: &Addr) -> Result<(), RespError> {
+        self.repoint(addr, flavour, master).await?;
+        let mut c = self.connect(addr, flavour).await?;
+        match flavour {
+            Flavour::Dragonfly => {
+                // No reply comes back: the sending connection is closed too.
+                c.send_only(["CLIENT", "KILL", "LADDR", &addr.to_string()])
+                    .await?;
+            }
+            Flavour::Redis | Flavour::Valkey => {
+                for t in ["normal", "pubsub"] {
+                    match c.call(["CLIENT", "KILL", "TYPE", t]).await {
+                        Ok(_) | Err(RespError::Server(ServerError::Other(_))) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Planned switchover from `old_master` to `candidate`. Redis/Valkey:
+    /// `FAILOVER TO host port TIMEOUT ms` on the master (it pauses writes,
+    /// waits for the replica to catch up and demotes itself first).
+    /// Dragonfly: `REPLTAKEOVER secs` on the replica, with a client timeout
+    /// longer than `secs`. On timeout the old master must serve again.
+    pub async fn switchover(
+        &self,
+        old_master: &Addr,
+        old_flavour: Flavour,
+        candidate: &Addr,
+        timeout: Duration,
+    ) -> Result<(), PromoteError> {
+        let perr = |e: String| PromoteError::Promotion(e);
+        match old_flavour {
+            Flavour::Dragonfly => {
+                let secs = timeout.as_secs().max(1);
+                let mut c = self
+                    .connect(candidate, Flavour::Dragonfly)
+                    .await
+                    .map_err(|e| perr(format!("{candidate}: {e}")))?;
+                let reply = c
+                    .call_timeout(
+                        ["REPLTAKEOVER", &secs.to_string()],
+                        Duration::from_secs(secs + 5),
+                    )
+                    .await;
+                match reply {
+                    Ok(_) => {
+                        self.wait_role(candidate, Role::Master, Duration::from_secs(2))
+                            .await
+                            .map_err(perr)?;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        // The takeover failed: the old master unlocks and
+                        // serves again; confirm it before giving up.
+                        let back = self
+                            .wait_role(old_master, Role::Master, Duration::from_secs(secs + 2))
+                            .await;
+                        Err(PromoteError::SwitchoverTimedOut(format!(
+                            "REPLTAKEOVER on {candidate}: {e}; old master {}",
+                            match back {
+                                Ok(_) => "serves again".to_string(),
+                                Err(w) => w,
+                            }
+                        )))
+                    }
+                }
+            }
+            Flavour::Redis | Flavour::Valkey => {
+                let ms = timeout.as_millis().max(100).to_string();
+                let mut c = self
+                    .connect(old_master, old_flavour)
+                    .await
+                    .map_err(|e| perr(format!("{old_master}: {e}")))?;
+                c.call([
+                    "FAILOVER",
+                    "TO",
+                    candidate.host.as_str(),
+                    &candidate.port.to_string(),
+                    "TIMEOUT",
+                    &ms,
+                ])
+                .await
+                .map_err(|e| perr(format!("FAILOVER on {old_master}: {e}")))?;
+                match self
+                    .wait_role(candidate, Role::Master, timeout + Duration::from_secs(1))
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(e) => {
+                        let back = self
+                            .wait_role(old_master, Role::Master, Duration::from_secs(2))
+                            .await;
+                        Err(PromoteError::SwitchoverTimedOut(format!(
+                            "{e}; old master {}",
+                            match back {
+                                Ok(_) => "serves again".to_string(),
+                                Err(w) => w,
+                            }
+                        )))
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! Replica selection (DESIGN.md, failover step 4).
+//!
+//! Excluded: replicas this daemon sees down or disconnected, still loading
+//! or in full sync, with priority 0, with stale INFO, or whose link to the
+//! master was down for much longer than the master itself. Ordered by lower
+//! priority, then higher replication offset (an unreadable offset is
+//! unknown and ranks after every known one, never as 0), then address.
+
+use std::cmp::Ordering;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::addr::Addr;
+use crate::probe::Role;
+
+/// What selection needs to know about one replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The replica.
+    pub addr: Addr,
+    /// SDOWN for this daemon.
+    pub sdown: bool,
+    /// Probe connection is up.
+    pub connected: bool,
+    /// Time since the last valid PING reply.
+    pub last_ok_age: Duration,
+    /// Time since the last INFO (None: never).
+    pub info_age: Option<Duration>,
+    /// Reported role.
+    pub role: Role,
+    /// `slave_priority` (None: not reported; Redis' default 100 applies).
+    pub priority: Option<u32>,
+    /// `slave_repl_offset` (None: unknown).
+    pub offset: Option<i64>,
+    /// `loading:1`.
+    pub loading: bool,
+    /// `master_sync_in_progress:1`.
+    pub sync_in_progress: bool,
+    /// `master_link_down_since_seconds`.
+    pub link_down_since: Option<Duration>,
+}
+
+/// Why a replica was not chosen (for logs and status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exclusion {
+    /// SDOWN.
+    Down,
+    /// No connection.
+    Disconnected,
+    /// No recent valid PING reply.
+    NoRecentReply,
+    /// INFO missing or too old.
+    StaleInfo,
+    /// Loading its dataset or in full sync.
+    Loading,
+    /// `replica-priority 0`: never promoted.
+    PriorityZero,
+    /// Link to the master down for too long.
+    LongDisconnected,
+    /// Reports neither master nor replica.
+    UnknownRole,
+}
+
+/// Limits used by the exclusions.
+#[derive(Debug, Clone, Copy)]
+pub struct SelectionLimits {
+    /// Oldest acceptable valid PING reply.
+    pub max_reply_age: Duration,
+    /// Oldest acceptable INFO.
+    pub max_info_age: Duration,
+    /// Longest acceptable `master_link_down_since_seconds`.
+    pub max_link_down: Duration,
+}
+
+impl SelectionLimits {
+    /// Sentinel's rules scaled to picket's probe cadence: replies and INFO
+    /// no older than 5 ping periods (at least 2 s), link down no longer than
+    /// the master has been down plus 10 × `down_after`.
+    pub fn new(ping_period: Duration, down_after: Duration, master_down_for: Duration) -> Self {
+        let recent = (ping_period * 5).max(Duration::from_secs(2));
+        SelectionLimits {
+            max_reply_age: recent,
+            max_info_age: recent,
+            max_link_down: master_down_for + down_after * 10,
+        }
+    }
+}
+
+/// Why `c` cannot be promoted, if it cannot.
+pub fn exclusion(c: &Candidate, limits: &SelectionLimits) -> Option<Exclusion> {
+    if c.sdown {
+        return Some(Exclusion::Down);
+    }
+    if !c.connected {
+        return Some(Exclusion::Disconnected);
+    }
+    if c.last_ok_age > limits.max_reply_age {
+        return Some(Exclusion::NoRecentReply);
+    }
+    match c.info_age {
+        Some(age) if age <= limits.max_info_age => {}
+        _ => return Some(Exclusion::StaleInfo),
+    }
+    if c.role == Role::Unknown {
+        return Some(Exclusion::UnknownRole);
+    }
+    if c.loading || c.sync_in_progress {
+        return Some(Exclusion::Loading);
+    }
+    if c.priority == Some(0) {
+        return Some(Exclusion::PriorityZero);
+    }
+    if c.role == Role::Replica {
+        if let Some(down) = c.link_down_since {
+            if down > limits.max_link_down {
+                return Some(Exclusion::LongDisconnected);
+            }
+        }
+    }
+    None
+}
+
+fn rank(a: &Candidate, b: &Candidate) -> Ordering {
+    // A candidate that already reports role:master was promoted by an
+    // earlier attempt of this failover (its leader died): resume with it
+    // rather than promote a second one.
+    let promoted = |c: &Candidate| c.role == Role::Master;
+    promoted(b)
+        .cmp(&promoted(a))
+        .then_with(|| a.priority.unwrap_or(100).cmp(&b.priority.unwrap_or(100)))
+        .then_with(|| match (a.offset, b.offset) {
+            (Some(x), Some(y)) => y.cmp(&x),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => Ordering::Equal,
+        })
+        .then_with(|| a.addr.cmp(&b.addr))
+}
+
+/// The result of a selection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    /// The best replica, if any qualifies.
+    pub chosen: Option<Addr>,
+    /// Every excluded replica with the reason.
+    pub excluded: Vec<(Addr, Exclusion)>,
+}
+
+/// Choose the replica to promote.
+pub fn select(candidates: &[Candidate], limits: &SelectionLimits) -> Selection {
+    let mut ok: Vec<&Candidate> = Vec::new();
+    let mut excluded = Vec::new();
+    for c in candidates {
+        match exclusion(c, limits) {
+            Some(why) => excluded.push((c.addr.clone(), why)),
+            None => ok.push(c),
+        }
+    }
+    ok.sort_by(|a, b| rank(a, b));
+    Selection {
+        chosen: ok.first().map(|c| c.addr.clone()),
+        excluded,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(port: u16, priority: Option<u32>, offset: Option<i64>) -> Candidate {
+        Candidate {
+            addr: Addr::new("127.0.0.1", port),
+            sdown: false,
+            connected: true,
+            last_ok_age: Duration::from_millis(100),
+            info_age: Some(Duration::from_millis(500)),
+            role: Role::Replica,
+            priority,
+            offset,
+            loading: false,
+            sync_in_progress: false,
+            link_down_since: Some(Duration::from_secs(1)),
+        }
+    }
+
+    fn limits() -> SelectionLimits {
+        SelectionLimits::new(
+            Duration::from_millis(250),
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+        )
+    }
+
+    #[test]
+    fn lower_priority_wins_then_offset_then_address() {
+        let cs = vec![
+            replica(1, Some(100), Some(500)),
+            replica(2, Some(10), Some(100)),
+            replica(3, Some(10), Some(200)),
+            replica(4, Some(10), Some(200)),
+        ];
+        assert_eq!(select(&cs, &limits()).chosen, Some(Addr::new("127.0.0.1", 3)));
+    }
+
+    #[test]
+    fn unknown_offset_is_not_zero_and_ranks_last() {
+        let cs = vec![replica(1, None, None), replica(2, None, Some(0))];
+        // A known offset of 0 beats an unknown one.
+        assert_eq!(select(&cs, &limits()).chosen, Some(Addr::new("127.0.0.1", 2)));
+        // Alone, an unknown offset is still eligible.
+        let cs = vec![replica(1, None, None)];
+        assert_eq!(select(&cs, &limits()).chosen, Some(Addr::new("127.0.0.1", 1)));
+    }
+
+    #[test]
+    fn exclusions() {
+        let l = limits();
+        let mut c = replica(1, Some(0), Some(1));
+        assert_eq!(exclusion(&c, &l), Some(Exclusion::PriorityZero));
+        c.priority = None;
+        c.sdown = true;
+        assert_eq!(exclusion(&c, &l), Some(Exclusion::Down));
+        c.sdown = false;
+        c.connected = false;
+        assert_eq!(exclusion(&c, &l), Some(Exclusion::Disconnected));
+        c.connected = true;
+        c.loading = true;
+        assert_eq!(exclusion(&c, &l), Some(Exclusion::Loading));
+        c.loading = false;
+        c.sync_in_progress = true;
+        assert_eq!(exclusion(&c, &l), Some(Exclusion::Loading));
+        c.sync_in_progress = false;
+        c.info_age = None;
+        assert_eq!(exclusion(&c, &l), Some(Exclusion::StaleInfo));
+        c.info_age = Some(Duration::from_secs(60));
+        assert_eq!(exclusion(&c, &l), Some(Exclusion::StaleInfo));
+        c.info_age = Some(Duration::from_millis(1));
+        c.last_ok_age = Duration::from_secs(60);
+        assert_eq!(exclusion(&c, &l), Some(Exclusion::NoRecentReply));
+        c.last_ok_age = Duration::ZERO;
+        c.link_down_since = Some(Duration::from_secs(3600));
+        assert_eq!(exclusion(&c, &l), Some(Exclusion::LongDisconnected));
+        c.link_down_since = None;
+        assert_eq!(exclusion(&c, &l), None);
+    }
+
+    #[test]
+    fn priority_zero_is_never_promoted_even_alone() {
+        let cs = vec![replica(1, Some(0), Some(1_000_000))];
+        let s = select(&cs, &limits());
+        assert_eq!(s.chosen, None);
+        assert_eq!(s.excluded, vec![(Addr::new("127.0.0.1", 1), Exclusion::PriorityZero)]);
+    }
+
+    #[test]
+    fn an_already_promoted_replica_is_resumed() {
+        let mut promoted = replica(9, Some(100), None);
+        promoted.role = Role::Master;
+        let cs = vec![replica(1, Some(1), Some(1000)), promoted];
+        assert_eq!(select(&cs, &limits()).chosen, Some(Addr::new("127.0.0.1", 9)));
+    }
+}

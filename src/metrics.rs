@@ -1,0 +1,99 @@
+//! Every metric name in one place, with its help text. Names are prefixed
+//! `picket_`; counters end in `_total`, durations in `_seconds`.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Gauge `{group,instance}`: 1 when this daemon does not see the instance SDOWN.
+pub const INSTANCE_UP: &str = "picket_instance_up";
+/// Gauge `{group,instance,role}`: 1 for the role the instance reports.
+pub const INSTANCE_ROLE: &str = "picket_instance_role";
+/// Gauge `{group,instance}`: seconds since the last INFO reply.
+pub const INFO_AGE: &str = "picket_instance_info_age_seconds";
+/// Histogram `{group,instance}`: PING/INFO round-trip time.
+pub const PROBE_DURATION: &str = "picket_probe_duration_seconds";
+/// Counter `{group,instance,kind}`: failed probes by kind.
+pub const PROBE_ERRORS: &str = "picket_probe_errors_total";
+/// Gauge `{group,instance}`: 1 for the instance this daemon advertises as master.
+pub const GROUP_MASTER: &str = "picket_group_master";
+/// Gauge `{group}`: the group's config epoch.
+pub const CONFIG_EPOCH: &str = "picket_group_config_epoch";
+/// Gauge: this daemon's current epoch.
+pub const CURRENT_EPOCH: &str = "picket_current_epoch";
+/// Gauge `{group}`: 1 while the master is SDOWN for this daemon.
+pub const MASTER_SDOWN: &str = "picket_group_master_sdown";
+/// Gauge `{group}`: 1 while the master is ODOWN.
+pub const MASTER_ODOWN: &str = "picket_group_master_odown";
+/// Gauge `{group}`: 1 when enough daemons are reachable to fail over.
+pub const QUORUM_REACHABLE: &str = "picket_group_quorum_reachable";
+/// Counter `{group,result}`: failovers by result (completed, aborted, ...).
+pub const FAILOVERS: &str = "picket_failovers_total";
+/// Histogram `{group}`: from the start of the election to publication.
+pub const FAILOVER_DURATION: &str = "picket_failover_duration_seconds";
+/// Counter `{group,result}`: elections this daemon started, by result.
+pub const ELECTIONS: &str = "picket_elections_total";
+/// Counter `{group}`: votes this daemon granted.
+pub const VOTES_GRANTED: &str = "picket_votes_granted_total";
+/// Gauge `{peer}`: 1 when the peer answered recently.
+pub const PEER_UP: &str = "picket_peer_up";
+/// Counter `{group}`: returning old masters demoted.
+pub const DEMOTIONS: &str = "picket_demotions_total";
+/// Gauge: 1 while stall protection (TILT) is active.
+pub const TILT: &str = "picket_tilt";
+/// Counter: stalls of the daemon's own timer detected.
+pub const TILTS: &str = "picket_tilt_total";
+/// Gauge: connected clients on the RESP listener.
+pub const API_CLIENTS: &str = "picket_api_clients";
+/// Counter `{reason}`: client connections refused or closed for a limit.
+pub const API_REJECTED: &str = "picket_api_rejected_total";
+/// Counter `{backend,result}`: discovery writes.
+pub const DISCOVERY_WRITES: &str = "picket_discovery_writes_total";
+/// Histogram `{backend}`: discovery write latency.
+pub const DISCOVERY_WRITE_DURATION: &str = "picket_discovery_write_duration_seconds";
+
+/// Buckets for every `_seconds` histogram: from 100 µs to 30 s.
+pub const BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
+
+/// Describe every metric (help texts) on the installed recorder.
+pub fn describe() {
+    describe_gauge!(INSTANCE_UP, "1 when this daemon does not see the instance down (SDOWN)");
+    describe_gauge!(INSTANCE_ROLE, "1 for the role the instance last reported");
+    describe_gauge!(INFO_AGE, "Seconds since the last INFO reply of the instance");
+    describe_histogram!(PROBE_DURATION, "Round-trip time of PING and INFO probes");
+    describe_counter!(PROBE_ERRORS, "Failed probes, by kind of failure");
+    describe_gauge!(GROUP_MASTER, "1 for the instance this daemon advertises as master");
+    describe_gauge!(CONFIG_EPOCH, "Config epoch of the group's current master");
+    describe_gauge!(CURRENT_EPOCH, "This daemon's current epoch");
+    describe_gauge!(MASTER_SDOWN, "1 while this daemon sees the master down");
+    describe_gauge!(MASTER_ODOWN, "1 while the quorum sees the master down");
+    describe_gauge!(QUORUM_REACHABLE, "1 when enough daemons are reachable to authorise a failover");
+    describe_counter!(FAILOVERS, "Failovers led by this daemon, by result");
+    describe_histogram!(FAILOVER_DURATION, "Time from the election to the publication of the new master");
+    describe_counter!(ELECTIONS, "Elections started by this daemon, by result");
+    describe_counter!(VOTES_GRANTED, "Votes this daemon granted to a candidate");
+    describe_gauge!(PEER_UP, "1 when the peer daemon answered recently");
+    describe_counter!(DEMOTIONS, "Returning old masters demoted");
+    describe_gauge!(TILT, "1 while stall protection (TILT) is active");
+    describe_counter!(TILTS, "Stalls of the daemon's own timer detected");
+    describe_gauge!(API_CLIENTS, "Connected clients on the RESP listener");
+    describe_counter!(API_REJECTED, "Client connections refused or closed for a limit");
+    describe_counter!(DISCOVERY_WRITES, "Writes to service-discovery backends, by result");
+    describe_histogram!(DISCOVERY_WRITE_DURATION, "Latency of writes to service-discovery backends");
+}
+
+/// Install the Prometheus recorder for this process and describe the metrics.
+///
+/// Returns `None` when a recorder is already installed (tests running
+/// several daemons in one process); metrics are then not rendered.
+pub fn install() -> Option<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
+        .ok()?
+        .install_recorder()
+        .ok()?;
+    describe();
+    Some(handle)
+}
