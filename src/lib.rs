@@ -17,10 +17,13 @@
 #![warn(missing_docs)]
 
 pub mod addr;
+pub mod api;
 pub mod config;
+pub mod daemon;
 pub mod discovery;
 pub mod events;
 pub mod failover;
+pub mod group;
 pub mod metrics;
 pub mod probe;
 pub mod quorum;

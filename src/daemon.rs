@@ -1,0 +1,292 @@
+//! What every group task shares: identity, persisted state, peer links,
+//! the event bus and stall protection.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::events::Events;
+use crate::metrics as m;
+use crate::quorum::peers::{Hello, PeerLink};
+use crate::quorum::state::StateStore;
+
+/// What this daemon knows about one peer.
+#[derive(Debug, Clone)]
+pub struct PeerEntry {
+    /// Configured address.
+    pub addr: String,
+    /// Its id, from its hello.
+    pub id: Option<String>,
+    /// When it last answered anything.
+    pub last_seen: Option<Instant>,
+    /// Its last hello.
+    pub hello: Option<Hello>,
+}
+
+/// The peers' latest hellos and liveness.
+#[derive(Debug)]
+pub struct PeerTable {
+    entries: Mutex<Vec<PeerEntry>>,
+}
+
+impl PeerTable {
+    /// One entry per configured peer.
+    pub fn new(addrs: &[String]) -> Self {
+        PeerTable {
+            entries: Mutex::new(
+                addrs
+                    .iter()
+                    .map(|a| PeerEntry {
+                        addr: a.clone(),
+                        id: None,
+                        last_seen: None,
+                        hello: None,
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<PeerEntry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Record a hello: matched by address, else by id. Returns false for a
+    /// sender that is not a configured peer (its hello is then ignored:
+    /// membership is static).
+    pub fn record_hello(&self, hello: &Hello, now: Instant) -> bool {
+        let mut g = self.lock();
+        let idx = g
+            .iter()
+            .position(|e| e.addr == hello.addr)
+            .or_else(|| g.iter().position(|e| e.id.as_deref() == Some(hello.id.as_str())));
+        match idx {
+            Some(i) => {
+                let e = &mut g[i];
+                e.id = Some(hello.id.clone());
+                e.last_seen = Some(now);
+                e.hello = Some(hello.clone());
+                metrics::gauge!(m::PEER_UP, "peer" => e.addr.clone()).set(1.0);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Record that the peer at `idx` answered something.
+    pub fn mark_seen(&self, idx: usize, now: Instant) {
+        if let Some(e) = self.lock().get_mut(idx) {
+            e.last_seen = Some(now);
+        }
+    }
+
+    /// A copy of every entry.
+    pub fn snapshot(&self) -> Vec<PeerEntry> {
+        self.lock().clone()
+    }
+
+    /// Refresh the peer-up gauges.
+    pub fn export_metrics(&self, now: Instant, ttl: Duration) {
+        for e in self.lock().iter() {
+            let up = e.last_seen.is_some_and(|t| now.saturating_duration_since(t) <= ttl);
+            metrics::gauge!(m::PEER_UP, "peer" => e.addr.clone()).set(if up { 1.0 } else { 0.0 });
+        }
+    }
+}
+
+/// Stall protection (Sentinel's TILT): when the daemon's own timer jumps,
+/// it stops acting for a while and does not count the stall as downtime.
+#[derive(Debug)]
+pub struct Tilt {
+    until: Mutex<Option<Instant>>,
+    events: Events,
+}
+
+impl Tilt {
+    /// Not in TILT.
+    pub fn new(events: Events) -> Self {
+        Tilt {
+            until: Mutex::new(None),
+            events,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A stall of `gap` was seen at `now`: stay in TILT for `period`.
+    pub fn enter(&self, now: Instant, gap: Duration, period: Duration) {
+        let mut g = self.lock();
+        let was = g.is_some_and(|u| now < u);
+        *g = Some(now + period);
+        if !was {
+            metrics::counter!(m::TILTS).increment(1);
+            metrics::gauge!(m::TILT).set(1.0);
+            self.events.emit(
+                "+tilt",
+                format!("#tilt mode entered (timer jumped {} ms)", gap.as_millis()),
+            );
+        }
+    }
+
+    /// Whether TILT is active at `now` (leaving it emits `-tilt`).
+    pub fn active(&self, now: Instant) -> bool {
+        let mut g = self.lock();
+        match *g {
+            Some(u) if now < u => true,
+            Some(_) => {
+                *g = None;
+                metrics::gauge!(m::TILT).set(0.0);
+                self.events.emit("-tilt", "#tilt mode exited");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// When TILT began (for INFO), if active.
+    pub fn until(&self) -> Option<Instant> {
+        *self.lock()
+    }
+}
+
+/// The daemon-wide context shared by the group tasks, the API and HTTP.
+#[derive(Debug)]
+pub struct DaemonCtx {
+    /// This daemon's id.
+    pub id: String,
+    /// Address announced to peers and clients.
+    pub announce: String,
+    /// Persisted state.
+    pub state: Arc<StateStore>,
+    /// Links to the peers (same order as the config's `peers`).
+    pub peers: Vec<PeerLink>,
+    /// What the peers said.
+    pub peer_table: PeerTable,
+    /// Event bus.
+    pub events: Events,
+    /// Wake the hello task (a config changed).
+    pub hello_now: Notify,
+    /// Stall protection.
+    pub tilt: Tilt,
+    /// Password required on `listen` (and sent to peers).
+    pub password: Option<String>,
+}
+
+impl DaemonCtx {
+    /// Number of daemons in the quorum (peers + self).
+    pub fn daemons(&self) -> usize {
+        self.peers.len() + 1
+    }
+
+    /// A majority of all configured daemons.
+    pub fn majority(&self) -> usize {
+        self.daemons() / 2 + 1
+    }
+}
+
+/// A running daemon: what the RESP API and the HTTP server read.
+#[derive(Debug)]
+pub struct Daemon {
+    /// Shared context.
+    pub ctx: Arc<DaemonCtx>,
+    /// Group tasks by name.
+    pub groups: std::sync::RwLock<std::collections::HashMap<String, crate::group::GroupHandle>>,
+    /// The configuration in force.
+    pub config: std::sync::RwLock<crate::config::Config>,
+    /// Prometheus renderer (None when another recorder was installed).
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Set once every listener is bound and every group started.
+    pub ready: std::sync::atomic::AtomicBool,
+    /// Start time, for uptime.
+    pub started: Instant,
+}
+
+impl Daemon {
+    /// A group's handle.
+    pub fn group(&self, name: &str) -> Option<crate::group::GroupHandle> {
+        self.groups
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    /// Every group's current view, sorted by name.
+    pub fn views(&self) -> Vec<Arc<crate::group::view::GroupView>> {
+        let mut v: Vec<_> = self
+            .groups
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|h| h.view.borrow().clone())
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// This daemon's hello.
+    pub fn hello(&self) -> Hello {
+        let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
+        Hello {
+            id: self.ctx.id.clone(),
+            addr: self.ctx.announce.clone(),
+            current_epoch: self.ctx.state.current_epoch(),
+            groups: crate::group::hello_groups(&groups),
+        }
+    }
+
+    /// Take in a peer's hello: remember it, adopt a higher epoch and any
+    /// newer group config. Returns false when the sender is not a peer.
+    pub fn apply_hello(&self, hello: &Hello) -> bool {
+        let now = Instant::now();
+        if hello.id == self.ctx.id || !self.ctx.peer_table.record_hello(hello, now) {
+            return false;
+        }
+        if let Err(e) = self.ctx.state.observe_epoch(hello.current_epoch) {
+            tracing::warn!(error = %e, "cannot persist an observed epoch");
+        }
+        let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
+        for g in &hello.groups {
+            if let Some(h) = groups.get(&g.name) {
+                if g.config_epoch > h.view.borrow().config_epoch {
+                    let _ = h.tx.try_send(crate::group::GroupMsg::PeerConfig {
+                        from: hello.id.clone(),
+                        group: g.clone(),
+                    });
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Send hellos to every peer every second and at once when asked.
+pub async fn run_hello(daemon: Arc<Daemon>, cancel: tokio_util::sync::CancellationToken) {
+    let period = Duration::from_secs(1);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+            _ = daemon.ctx.hello_now.notified() => {}
+        }
+        let hello = daemon.hello();
+        for link in &daemon.ctx.peers {
+            let link = link.clone();
+            let hello = hello.clone();
+            let d = daemon.clone();
+            tokio::spawn(async move {
+                match link.hello(&hello).await {
+                    Ok(reply) => {
+                        d.apply_hello(&reply);
+                    }
+                    Err(e) => tracing::debug!(peer = %link.addr(), error = %e, "hello failed"),
+                }
+            });
+        }
+        daemon.ctx.peer_table.export_metrics(Instant::now(), Duration::from_secs(3));
+    }
+}

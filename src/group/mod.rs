@@ -1,0 +1,1451 @@
+//! The decision task of one group: it owns all of the group's state,
+//! derives SDOWN and ODOWN from the probes and the peers' answers, runs
+//! elections and the failover state machine, fences returning old masters
+//! and publishes a [`view::GroupView`] for readers.
+
+pub mod view;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::Rng;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::addr::Addr;
+use crate::config::GroupConfig;
+use crate::daemon::DaemonCtx;
+use crate::discovery::runner::DiscoveryRunner;
+use crate::discovery::{Fence, Reporter, Topology};
+use crate::events::{master_details, replica_details};
+use crate::failover::machine::{Action, Failover, Input, Kind, Outcome, Phase};
+use crate::failover::ops::InstanceOps;
+use crate::failover::select::{self, Candidate, SelectionLimits};
+use crate::metrics as m;
+use crate::probe::info::InfoSnapshot;
+use crate::probe::sdown::{Sdown, Transition};
+use crate::probe::{self, Flavour, ProbeEvent, ProbeHandle, ProbeSettings, Role};
+use crate::quorum::peers::{HelloGroup, IsDownQuery, IsDownReply};
+use crate::resp::ClientOptions;
+use view::{FailoverView, GroupView, InstanceView, LastFailover, PeerView};
+
+/// Messages to a group task.
+#[derive(Debug)]
+pub enum GroupMsg {
+    /// A peer asks whether the master is down (and maybe for a vote).
+    IsDown {
+        /// The question.
+        query: IsDownQuery,
+        /// The answer, or why none can be given (state not persisted).
+        reply: oneshot::Sender<Result<IsDownReply, String>>,
+    },
+    /// A peer's hello carried this group's config.
+    PeerConfig {
+        /// The peer's id.
+        from: String,
+        /// Its view of the group.
+        group: HelloGroup,
+    },
+    /// Planned switchover (`picket failover`, `SENTINEL FAILOVER`).
+    Switchover {
+        /// A specific replica, or the best one.
+        to: Option<Addr>,
+        /// `Ok` once started; errors use Sentinel's texts.
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// `SENTINEL RESET`: forget replicas and peer answers, rediscover.
+    Reset,
+}
+
+/// Handle to a running group task.
+#[derive(Debug, Clone)]
+pub struct GroupHandle {
+    /// Mailbox.
+    pub tx: mpsc::Sender<GroupMsg>,
+    /// Latest view.
+    pub view: watch::Receiver<Arc<GroupView>>,
+    /// Stops the task.
+    pub cancel: CancellationToken,
+}
+
+/// Internal results of spawned work.
+#[derive(Debug)]
+enum Internal {
+    Answer {
+        peer: usize,
+        epoch: u64,
+        at: Instant,
+        result: Result<IsDownReply, String>,
+    },
+    Machine(u64, Input),
+    Demoted(Addr, Result<(), String>),
+}
+
+struct Instance {
+    addr: Addr,
+    probe: Option<ProbeHandle>,
+    sdown: Sdown,
+    connected: bool,
+    last_reply: Option<Instant>,
+    last_error: Option<String>,
+    info: Option<InfoSnapshot>,
+    info_at: Option<Instant>,
+    role_changed_at: Option<Instant>,
+    last_action: Option<Instant>,
+    wrong_master_since: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct PeerState {
+    down: bool,
+    answered_at: Option<Instant>,
+    leader: Option<String>,
+    leader_epoch: u64,
+}
+
+struct Election {
+    epoch: u64,
+    started: Instant,
+    candidate: Addr,
+    kind: Kind,
+    switchover_reply: Option<oneshot::Sender<Result<(), String>>>,
+}
+
+struct Running {
+    machine: Failover,
+    started: Instant,
+}
+
+/// Everything the task owns.
+struct Group {
+    cfg: GroupConfig,
+    ctx: Arc<DaemonCtx>,
+    ops: InstanceOps,
+    client: ClientOptions,
+    discovery: Arc<DiscoveryRunner>,
+    probe_tx: mpsc::Sender<ProbeEvent>,
+    internal_tx: mpsc::Sender<Internal>,
+    cancel: CancellationToken,
+    view_tx: watch::Sender<Arc<GroupView>>,
+
+    master: Addr,
+    config_epoch: u64,
+    instances: BTreeMap<Addr, Instance>,
+    peers: Vec<PeerState>,
+    odown_since: Option<Instant>,
+    last_ask: Option<Instant>,
+    election: Option<Election>,
+    failover: Option<Running>,
+    next_attempt: Instant,
+    election_delay_until: Option<Instant>,
+    intended: Option<(u64, Addr)>,
+    last_failover: Option<LastFailover>,
+    last_tick: Instant,
+    reason: Option<String>,
+}
+
+const HELLO_TTL: Duration = Duration::from_secs(3);
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Connection settings for the group's data servers.
+pub fn client_options(cfg: &GroupConfig) -> Result<ClientOptions, String> {
+    let password = match &cfg.password_file {
+        Some(p) => Some(
+            crate::config::read_secret(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        ),
+        None => None,
+    };
+    let tls = match &cfg.tls {
+        Some(t) => Some(
+            crate::resp::client::TlsClient::from_config(t).map_err(|e| e.to_string())?,
+        ),
+        None => None,
+    };
+    let ping = cfg.ping_period();
+    Ok(ClientOptions {
+        connect_timeout: (ping * 2).clamp(Duration::from_millis(100), Duration::from_secs(2)),
+        command_timeout: cfg.down_after.clamp(Duration::from_millis(200), Duration::from_secs(5)),
+        username: cfg.username.clone(),
+        password,
+        tls,
+        max_frame: crate::resp::DEFAULT_MAX_FRAME,
+        client_name: Some("picket".into()),
+    })
+}
+
+/// Start the task of one group.
+pub fn spawn(
+    cfg: GroupConfig,
+    ctx: Arc<DaemonCtx>,
+    discovery: Arc<DiscoveryRunner>,
+    parent: &CancellationToken,
+) -> Result<GroupHandle, String> {
+    let client = client_options(&cfg)?;
+    let record = ctx.state.group(&cfg.name);
+    let configured: Addr = cfg
+        .master
+        .parse()
+        .map_err(|e| format!("group {}: master: {e}", cfg.name))?;
+    // A persisted config (from a failover) wins over the initial master in
+    // the file; adopting it at start-up never flushes anything.
+    let (master, config_epoch) = match record.master {
+        Some(m) if record.config_epoch > 0 => (m, record.config_epoch),
+        _ => (configured, record.config_epoch),
+    };
+    let now = Instant::now();
+    let cancel = parent.child_token();
+    let (tx, mut rx) = mpsc::channel(1024);
+    let (probe_tx, mut probe_rx) = mpsc::channel(4096);
+    let (internal_tx, mut internal_rx) = mpsc::channel(1024);
+    let npeers = ctx.peers.len();
+    let mut g = Group {
+        ops: InstanceOps {
+            client: client.clone(),
+            admin_port: cfg.admin_port,
+        },
+        client,
+        discovery,
+        probe_tx,
+        internal_tx,
+        cancel: cancel.clone(),
+        view_tx: watch::channel(Arc::new(placeholder_view(&cfg, &master, config_epoch, ctx.daemons()))).0,
+        master: master.clone(),
+        config_epoch,
+        instances: BTreeMap::new(),
+        peers: vec![PeerState::default(); npeers],
+        odown_since: None,
+        last_ask: None,
+        election: None,
+        failover: None,
+        next_attempt: now,
+        election_delay_until: None,
+        intended: None,
+        last_failover: None,
+        last_tick: now,
+        reason: None,
+        cfg,
+        ctx,
+    };
+    g.ensure_instance(&master);
+    let view = g.view_tx.subscribe();
+    let handle = GroupHandle {
+        tx,
+        view,
+        cancel: cancel.clone(),
+    };
+    tracing::info!(group = %g.cfg.name, master = %g.master, config_epoch = g.config_epoch, "monitoring group");
+    metrics::gauge!(m::CONFIG_EPOCH, "group" => g.cfg.name.clone()).set(g.config_epoch as f64);
+    tokio::spawn(async move {
+        let tick_every = (g.cfg.ping_period() / 2).clamp(Duration::from_millis(10), Duration::from_millis(100));
+        let mut tick = tokio::time::interval(tick_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_view = Instant::now();
+        loop {
+            tokio::select! {
+                _ = g.cancel.cancelled() => break,
+                Some(ev) = probe_rx.recv() => g.on_probe(ev),
+                Some(msg) = rx.recv() => g.on_msg(msg),
+                Some(int) = internal_rx.recv() => g.on_internal(int),
+                _ = tick.tick() => {
+                    g.on_tick(tick_every);
+                    let now = Instant::now();
+                    if now.duration_since(last_view) >= Duration::from_millis(100) {
+                        g.publish_view();
+                        last_view = now;
+                    }
+                }
+            }
+        }
+        tracing::info!(group = %g.cfg.name, "group task stopped");
+    });
+    Ok(handle)
+}
+
+fn placeholder_view(cfg: &GroupConfig, master: &Addr, config_epoch: u64, daemons: usize) -> GroupView {
+    GroupView {
+        name: cfg.name.clone(),
+        master: master.clone(),
+        config_epoch,
+        quorum: cfg.quorum,
+        daemons,
+        down_after_ms: ms(cfg.down_after),
+        failover_timeout_ms: ms(cfg.failover_timeout),
+        parallel_syncs: cfg.parallel_syncs,
+        flush_on_failover: cfg.flush_on_failover,
+        status: "starting".into(),
+        reason: None,
+        master_sdown: false,
+        master_odown: false,
+        odown_ms: None,
+        down_votes: 0,
+        voted_leader: None,
+        voted_epoch: 0,
+        failover: None,
+        last_failover: None,
+        instances: Vec::new(),
+        peers: Vec::new(),
+        discovery: Vec::new(),
+    }
+}
+
+impl Group {
+    fn ensure_instance(&mut self, addr: &Addr) {
+        if self.instances.contains_key(addr) {
+            return;
+        }
+        let ping = self.cfg.ping_period();
+        let settings = ProbeSettings {
+            group: self.cfg.name.clone(),
+            addr: addr.clone(),
+            ping_period: ping,
+            info_period: Duration::from_secs(1).max(ping),
+            ping_timeout: self.cfg.down_after.max(Duration::from_millis(100)),
+            client: self.client.clone(),
+        };
+        let probe = probe::spawn(settings, self.probe_tx.clone(), &self.cancel);
+        let now = Instant::now();
+        self.instances.insert(
+            addr.clone(),
+            Instance {
+                addr: addr.clone(),
+                probe: Some(probe),
+                sdown: Sdown::new(self.cfg.down_after, now),
+                connected: false,
+                last_reply: None,
+                last_error: None,
+                info: None,
+                info_at: None,
+                role_changed_at: None,
+                last_action: None,
+                wrong_master_since: None,
+            },
+        );
+        if *addr != self.master {
+            self.ctx
+                .events
+                .emit("+slave", replica_details(addr, &self.cfg.name, &self.master));
+        }
+    }
+
+    fn refresh_info(&self, addr: &Addr) {
+        if let Some(p) = self.instances.get(addr).and_then(|i| i.probe.as_ref()) {
+            p.refresh_info();
+        }
+    }
+
+    // === probes ===
+
+    fn on_probe(&mut self, ev: ProbeEvent) {
+        let addr = ev.addr().clone();
+        let group = self.cfg.name.clone();
+        let master = self.master.clone();
+        let Some(inst) = self.instances.get_mut(&addr) else { return };
+        let mut transition = None;
+        let mut new_replicas = Vec::new();
+        match ev {
+            ProbeEvent::Ping { at, valid, error, .. } => {
+                inst.connected = true;
+                inst.last_reply = Some(at);
+                if valid {
+                    transition = inst.sdown.on_valid_reply(at);
+                    inst.last_error = None;
+                } else {
+                    inst.last_error = error;
+                }
+            }
+            ProbeEvent::Unreachable { error, .. } => {
+                if inst.last_error.as_deref() != Some(error.as_str()) {
+                    tracing::debug!(group = %group, instance = %addr, %error, "probe failed");
+                }
+                inst.connected = false;
+                inst.last_error = Some(error);
+            }
+            ProbeEvent::Info { at, info, .. } => {
+                let old_role = inst.info.as_ref().map(|i| i.role);
+                if old_role != Some(info.role) {
+                    inst.role_changed_at = Some(at);
+                }
+                if addr == master && info.role == Role::Master {
+                    for r in &info.replicas {
+                        new_replicas.push(Addr::new(r.ip.clone(), r.port));
+                    }
+                }
+                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), "instance" => addr.to_string(), "role" => "master")
+                    .set(if info.role == Role::Master { 1.0 } else { 0.0 });
+                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), "instance" => addr.to_string(), "role" => "replica")
+                    .set(if info.role == Role::Replica { 1.0 } else { 0.0 });
+                inst.info = Some(*info);
+                inst.info_at = Some(at);
+            }
+        }
+        if let Some(t) = transition {
+            self.on_sdown_transition(&addr, t);
+        }
+        for r in new_replicas {
+            self.ensure_instance(&r);
+        }
+        // React at once to what INFO showed (a returning old master must be
+        // demoted within the second it answers).
+        self.check_topology(Instant::now());
+        self.feed_reconfiguration(&addr);
+    }
+
+    fn on_sdown_transition(&mut self, addr: &Addr, t: Transition) {
+        let details = if *addr == self.master {
+            master_details(&self.cfg.name, addr)
+        } else {
+            replica_details(addr, &self.cfg.name, &self.master)
+        };
+        let up = match t {
+            Transition::Down => {
+                self.ctx.events.emit("+sdown", details);
+                0.0
+            }
+            Transition::Up => {
+                self.ctx.events.emit("-sdown", details);
+                1.0
+            }
+        };
+        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "instance" => addr.to_string()).set(up);
+        if *addr == self.master {
+            metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone()).set(1.0 - up);
+            // Peers learn it at once through the next hello and our asks.
+            self.publish_view();
+            self.ctx.hello_now.notify_one();
+            if t == Transition::Down {
+                self.last_ask = None;
+            }
+        }
+    }
+
+    // === ticks ===
+
+    fn on_tick(&mut self, period: Duration) {
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(self.last_tick);
+        self.last_tick = now;
+        // A tick far later than scheduled means this process did not run
+        // (SIGSTOP, VM pause, overload): nothing was observed meanwhile.
+        let stall_threshold = (period * 4).max(Duration::from_secs(1)).max(self.cfg.down_after / 2);
+        if gap > stall_threshold {
+            let tilt_period = (self.cfg.down_after * 3).max(Duration::from_secs(3));
+            self.ctx.tilt.enter(now, gap, tilt_period);
+            for inst in self.instances.values_mut() {
+                inst.sdown.forgive_until(now);
+            }
+            for p in self.peers.iter_mut() {
+                p.answered_at = None;
+            }
+        }
+        let tilt = self.ctx.tilt.active(now);
+        if !tilt {
+            let mut transitions = Vec::new();
+            for inst in self.instances.values_mut() {
+                if let Some(t) = inst.sdown.check(now) {
+                    transitions.push((inst.addr.clone(), t));
+                }
+            }
+            for (a, t) in transitions {
+                self.on_sdown_transition(&a, t);
+            }
+        }
+        let master_sdown = self.master_sdown();
+        if master_sdown && !tilt && self.failover.is_none() {
+            self.ask_peers(now, None, None);
+        }
+        self.update_odown(now, tilt);
+        self.drive_election(now, tilt);
+        if self.failover.is_some() {
+            self.machine_input(now, Input::Tick);
+        }
+        self.check_topology(now);
+        for inst in self.instances.values() {
+            if let Some(at) = inst.info_at {
+                metrics::gauge!(m::INFO_AGE, "group" => self.cfg.name.clone(), "instance" => inst.addr.to_string())
+                    .set(now.saturating_duration_since(at).as_secs_f64());
+            }
+        }
+    }
+
+    fn master_sdown(&self) -> bool {
+        self.instances
+            .get(&self.master)
+            .is_some_and(|i| i.sdown.is_down())
+    }
+
+    fn answer_ttl(&self) -> Duration {
+        (self.cfg.ping_period() * 3).max(Duration::from_secs(1))
+    }
+
+    fn ask_peers(&mut self, now: Instant, candidate: Option<String>, promote: Option<Addr>) {
+        let ask_period = (self.cfg.ping_period() / 2).clamp(Duration::from_millis(20), Duration::from_millis(500));
+        if candidate.is_none() && self.last_ask.is_some_and(|t| now.duration_since(t) < ask_period) {
+            return;
+        }
+        self.last_ask = Some(now);
+        let epoch = if candidate.is_some() {
+            self.election.as_ref().map(|e| e.epoch).unwrap_or(0)
+        } else {
+            self.ctx.state.current_epoch()
+        };
+        let query = IsDownQuery {
+            group: self.cfg.name.clone(),
+            master: self.master.clone(),
+            config_epoch: self.config_epoch,
+            epoch,
+            candidate,
+            promote,
+        };
+        for (i, link) in self.ctx.peers.iter().enumerate() {
+            let link = link.clone();
+            let q = query.clone();
+            let tx = self.internal_tx.clone();
+            tokio::spawn(async move {
+                let result = link.is_down(&q).await.map_err(|e| e.to_string());
+                let _ = tx
+                    .send(Internal::Answer {
+                        peer: i,
+                        epoch: q.epoch,
+                        at: Instant::now(),
+                        result,
+                    })
+                    .await;
+            });
+        }
+    }
+
+    fn down_votes(&self, now: Instant) -> usize {
+        let ttl = self.answer_ttl();
+        usize::from(self.master_sdown())
+            + self
+                .peers
+                .iter()
+                .filter(|p| p.down && p.answered_at.is_some_and(|t| now.saturating_duration_since(t) <= ttl))
+                .count()
+    }
+
+    fn update_odown(&mut self, now: Instant, tilt: bool) {
+        let votes = self.down_votes(now);
+        let odown = !tilt && self.master_sdown() && votes >= self.cfg.quorum as usize;
+        match (odown, self.odown_since) {
+            (true, None) => {
+                self.odown_since = Some(now);
+                self.ctx.events.emit(
+                    "+odown",
+                    format!(
+                        "{} #quorum {}/{}",
+                        master_details(&self.cfg.name, &self.master),
+                        votes,
+                        self.cfg.quorum
+                    ),
+                );
+                metrics::gauge!(m::MASTER_ODOWN, "group" => self.cfg.name.clone()).set(1.0);
+            }
+            (false, Some(_)) => {
+                self.odown_since = None;
+                self.ctx
+                    .events
+                    .emit("-odown", master_details(&self.cfg.name, &self.master));
+                metrics::gauge!(m::MASTER_ODOWN, "group" => self.cfg.name.clone()).set(0.0);
+            }
+            _ => {}
+        }
+        self.reason = if tilt {
+            Some("stall protection (TILT) active: not acting".into())
+        } else if self.master_sdown() && !odown {
+            Some(format!(
+                "master is down for this daemon but only {votes} of the required quorum {} agree{}",
+                self.cfg.quorum,
+                if self.reachable_daemons(now) < self.cfg.quorum as usize {
+                    format!(
+                        " (only {} of {} daemons reachable)",
+                        self.reachable_daemons(now),
+                        self.ctx.daemons()
+                    )
+                } else {
+                    String::new()
+                }
+            ))
+        } else if odown && self.failover.is_none() && self.election.is_none() && now < self.next_attempt {
+            Some(format!(
+                "master is ODOWN; next failover attempt in {} ms",
+                ms(self.next_attempt - now)
+            ))
+        } else {
+            None
+        };
+        let reachable = self.reachable_daemons(now) >= self.ctx.majority().max(self.cfg.quorum as usize);
+        metrics::gauge!(m::QUORUM_REACHABLE, "group" => self.cfg.name.clone()).set(if reachable { 1.0 } else { 0.0 });
+    }
+
+    fn reachable_daemons(&self, now: Instant) -> usize {
+        1 + self
+            .ctx
+            .peer_table
+            .snapshot()
+            .iter()
+            .filter(|e| e.last_seen.is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL))
+            .count()
+    }
+
+    // === elections ===
+
+    fn candidates(&self, now: Instant) -> Vec<Candidate> {
+        self.instances
+            .values()
+            .filter(|i| i.addr != self.master)
+            .map(|i| {
+                let info = i.info.as_ref();
+                Candidate {
+                    addr: i.addr.clone(),
+                    sdown: i.sdown.is_down(),
+                    connected: i.connected,
+                    last_ok_age: now.saturating_duration_since(i.sdown.last_valid()),
+                    info_age: i.info_at.map(|t| now.saturating_duration_since(t)),
+                    role: info.map(|x| x.role).unwrap_or_default(),
+                    priority: info.and_then(|x| x.priority),
+                    offset: info.and_then(|x| x.replica_offset),
+                    loading: info.is_some_and(|x| x.loading),
+                    sync_in_progress: info.is_some_and(|x| x.sync_in_progress),
+                    link_down_since: info
+                        .and_then(|x| x.master_link_down_since_secs)
+                        .map(Duration::from_secs),
+                }
+            })
+            .collect()
+    }
+
+    fn select_candidate(&self, now: Instant, to: Option<&Addr>) -> Result<Addr, String> {
+        let master_down_for = self
+            .instances
+            .get(&self.master)
+            .and_then(|i| i.sdown.down_since())
+            .map(|t| now.saturating_duration_since(t))
+            .unwrap_or_default();
+        let limits = SelectionLimits::new(self.cfg.ping_period(), self.cfg.down_after, master_down_for);
+        let mut cands = self.candidates(now);
+        if let Some(t) = to {
+            cands.retain(|c| c.addr == *t);
+            if cands.is_empty() {
+                return Err(format!("NOGOODSLAVE {t} is not a known replica of {}", self.cfg.name));
+            }
+        }
+        // A replica a previous leader of this failover intended to promote
+        // goes first, so that a leader that died half-way is not followed
+        // by the promotion of a second replica.
+        if let Some((epoch, a)) = &self.intended {
+            if *epoch > self.config_epoch {
+                if let Some(c) = cands.iter().find(|c| c.addr == *a) {
+                    if select::exclusion(c, &limits).is_none() {
+                        return Ok(a.clone());
+                    }
+                }
+            }
+        }
+        let sel = select::select(&cands, &limits);
+        match sel.chosen {
+            Some(a) => Ok(a),
+            None => Err(format!(
+                "NOGOODSLAVE No suitable replica to promote ({})",
+                if sel.excluded.is_empty() {
+                    "no replica known".to_string()
+                } else {
+                    sel.excluded
+                        .iter()
+                        .map(|(a, w)| format!("{a}: {w:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            )),
+        }
+    }
+
+    fn drive_election(&mut self, now: Instant, tilt: bool) {
+        if self.failover.is_some() {
+            return;
+        }
+        if let Some(el) = &self.election {
+            let timeout = (self.cfg.down_after * 2)
+                .clamp(Duration::from_secs(1), Duration::from_secs(10))
+                .min(self.cfg.failover_timeout);
+            if self.votes_for_me(el.epoch) >= self.votes_needed() {
+                self.won_election(now);
+            } else if now.duration_since(el.started) >= timeout {
+                let el = self.election.take();
+                self.ctx
+                    .events
+                    .emit("-failover-abort-not-elected", master_details(&self.cfg.name, &self.master));
+                metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => "lost").increment(1);
+                self.schedule_retry(now);
+                if let Some(Election { switchover_reply: Some(r), .. }) = el {
+                    let _ = r.send(Err("NOQUORUM could not win the election".into()));
+                }
+            }
+            return;
+        }
+        if tilt || self.odown_since.is_none() || now < self.next_attempt {
+            self.election_delay_until = None;
+            return;
+        }
+        // A small random delay before starting, against split votes.
+        match self.election_delay_until {
+            None => {
+                let max = self.cfg.ping_period().min(Duration::from_millis(100));
+                let d = rand::rng().random_range(0..=ms(max));
+                self.election_delay_until = Some(now + Duration::from_millis(d));
+            }
+            Some(t) if now >= t => {
+                self.election_delay_until = None;
+                self.start_election(now, Kind::Unplanned, None, None);
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn votes_needed(&self) -> usize {
+        self.ctx.majority().max(self.cfg.quorum as usize)
+    }
+
+    fn votes_for_me(&self, epoch: u64) -> usize {
+        1 + self
+            .peers
+            .iter()
+            .filter(|p| p.leader_epoch == epoch && p.leader.as_deref() == Some(self.ctx.id.as_str()))
+            .count()
+    }
+
+    fn schedule_retry(&mut self, now: Instant) {
+        let jitter = rand::rng().random_range(0..=ms(self.cfg.ping_period()));
+        self.next_attempt = now + self.cfg.failover_timeout + Duration::from_millis(jitter);
+    }
+
+    fn start_election(
+        &mut self,
+        now: Instant,
+        kind: Kind,
+        to: Option<Addr>,
+        reply: Option<oneshot::Sender<Result<(), String>>>,
+    ) {
+        let candidate = match self.select_candidate(now, to.as_ref()) {
+            Ok(c) => c,
+            Err(e) => {
+                if kind == Kind::Unplanned {
+                    self.ctx.events.emit(
+                        "-failover-abort-no-good-slave",
+                        master_details(&self.cfg.name, &self.master),
+                    );
+                    tracing::warn!(group = %self.cfg.name, reason = %e, "no replica to promote");
+                    self.schedule_retry(now);
+                }
+                if let Some(r) = reply {
+                    let _ = r.send(Err(e));
+                }
+                return;
+            }
+        };
+        let epoch = match self.ctx.state.start_election(&self.cfg.name) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(group = %self.cfg.name, error = %e, "cannot persist the new epoch; not starting an election");
+                if let Some(r) = reply {
+                    let _ = r.send(Err(format!("ERR cannot persist state: {e}")));
+                }
+                self.schedule_retry(now);
+                return;
+            }
+        };
+        metrics::gauge!(m::CURRENT_EPOCH).set(epoch as f64);
+        self.ctx.events.emit("+new-epoch", epoch.to_string());
+        self.ctx
+            .events
+            .emit("+try-failover", master_details(&self.cfg.name, &self.master));
+        tracing::info!(group = %self.cfg.name, epoch, candidate = %candidate, ?kind, "starting election");
+        for p in self.peers.iter_mut() {
+            p.leader = None;
+        }
+        self.election = Some(Election {
+            epoch,
+            started: now,
+            candidate: candidate.clone(),
+            kind,
+            switchover_reply: reply,
+        });
+        let id = self.ctx.id.clone();
+        self.ask_peers(now, Some(id), Some(candidate));
+        if self.votes_for_me(epoch) >= self.votes_needed() {
+            self.won_election(now);
+        }
+    }
+
+    fn won_election(&mut self, now: Instant) {
+        let Some(el) = self.election.take() else { return };
+        metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => "won").increment(1);
+        self.ctx
+            .events
+            .emit("+elected-leader", master_details(&self.cfg.name, &self.master));
+        tracing::info!(group = %self.cfg.name, epoch = el.epoch, candidate = %el.candidate, "elected leader; failing over");
+        // Re-check the candidate with the freshest view.
+        let candidate = if el.kind == Kind::Unplanned {
+            match self.select_candidate(now, Some(&el.candidate)) {
+                Ok(c) => c,
+                Err(_) => match self.select_candidate(now, None) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.ctx.events.emit(
+                            "-failover-abort-no-good-slave",
+                            master_details(&self.cfg.name, &self.master),
+                        );
+                        tracing::warn!(group = %self.cfg.name, reason = %e, "no replica to promote");
+                        self.schedule_retry(now);
+                        return;
+                    }
+                },
+            }
+        } else {
+            el.candidate.clone()
+        };
+        if let Some(r) = el.switchover_reply {
+            let _ = r.send(Ok(()));
+        }
+        self.intended = Some((el.epoch, candidate.clone()));
+        let replicas: Vec<Addr> = self.instances.keys().filter(|a| **a != self.master).cloned().collect();
+        let (machine, actions) = Failover::start(
+            now,
+            el.epoch,
+            el.kind,
+            self.master.clone(),
+            candidate,
+            self.cfg.flush_on_failover,
+            replicas,
+            self.cfg.parallel_syncs,
+            self.cfg.failover_timeout,
+        );
+        self.failover = Some(Running { machine, started: el.started });
+        self.ctx
+            .events
+            .emit("+failover-state-select-slave", master_details(&self.cfg.name, &self.master));
+        self.run_actions(actions);
+    }
+
+    // === the failover machine ===
+
+    fn machine_input(&mut self, now: Instant, input: Input) {
+        let Some(run) = self.failover.as_mut() else { return };
+        let actions = run.machine.step(now, input);
+        self.run_actions(actions);
+    }
+
+    fn flavour_of(&self, addr: &Addr) -> Flavour {
+        self.instances
+            .get(addr)
+            .and_then(|i| i.info.as_ref())
+            .map(|i| i.flavour)
+            .or_else(|| self.instances.get(&self.master).and_then(|i| i.info.as_ref()).map(|i| i.flavour))
+            .unwrap_or_default()
+    }
+
+    fn run_actions(&mut self, actions: Vec<Action>) {
+        let Some(run) = self.failover.as_ref() else { return };
+        let epoch = run.machine.epoch;
+        let deadline = self.cfg.failover_timeout;
+        for action in actions {
+            let tx = self.internal_tx.clone();
+            match action {
+                Action::Event(ch, detail) => {
+                    let msg = match ch {
+                        "+selected-slave" | "+promoted-slave" | "+slave-reconf-done" | "-slave-reconf-sent-timeout" => {
+                            match detail.parse::<Addr>() {
+                                Ok(a) => replica_details(&a, &self.cfg.name, &self.master),
+                                Err(_) => detail,
+                            }
+                        }
+                        "+failover-state-send-slaveof-noone" | "+failover-state-reconf-slaves" | "+failover-end"
+                        | "+failover-end-for-timeout" => master_details(&self.cfg.name, &self.master),
+                        _ => format!("{} {detail}", master_details(&self.cfg.name, &self.master)),
+                    };
+                    self.ctx.events.emit(ch, msg);
+                }
+                Action::Fence { old_master } => {
+                    let fence = Fence {
+                        group: self.cfg.name.clone(),
+                        epoch,
+                        old_master,
+                    };
+                    let runner = self.discovery.clone();
+                    tokio::spawn(async move {
+                        let r = runner.fence(fence, deadline).await.map_err(|e| e.to_string());
+                        let _ = tx.send(Internal::Machine(epoch, Input::Fenced(r))).await;
+                    });
+                }
+                Action::Promote { candidate, flush } => {
+                    let ops = self.ops.clone();
+                    let flavour = self.flavour_of(&candidate);
+                    tracing::info!(group = %self.cfg.name, %candidate, flush, "promoting");
+                    tokio::spawn(async move {
+                        let r = ops.promote(&candidate, flavour, flush).await;
+                        let _ = tx.send(Internal::Machine(epoch, Input::Promoted(r))).await;
+                    });
+                }
+                Action::Switchover { candidate, old_master } => {
+                    let ops = self.ops.clone();
+                    let flavour = self.flavour_of(&old_master);
+                    let timeout = (self.cfg.failover_timeout / 2).clamp(Duration::from_secs(1), Duration::from_secs(10));
+                    tracing::info!(group = %self.cfg.name, %candidate, "switching over");
+                    tokio::spawn(async move {
+                        let r = ops.switchover(&old_master, flavour, &candidate, timeout).await;
+                        let _ = tx.send(Internal::Machine(epoch, Input::Promoted(r))).await;
+                    });
+                }
+                Action::Publish { master } => {
+                    self.adopt_master(master, epoch, Reporter::Leader, None);
+                    let topology = self.topology(Reporter::Leader, None);
+                    let runner = self.discovery.clone();
+                    tokio::spawn(async move {
+                        let r = runner.publish(topology, deadline).await.map_err(|e| e.to_string());
+                        let _ = tx.send(Internal::Machine(epoch, Input::Published(r))).await;
+                    });
+                }
+                Action::Repoint { replica, master } => {
+                    let ops = self.ops.clone();
+                    let flavour = self.flavour_of(&replica);
+                    self.ctx.events.emit(
+                        "+slave-reconf-sent",
+                        replica_details(&replica, &self.cfg.name, &self.master),
+                    );
+                    tokio::spawn(async move {
+                        let r = ops.repoint(&replica, flavour, &master).await.map_err(|e| e.to_string());
+                        let _ = tx.send(Internal::Machine(epoch, Input::RepointSent(replica, r))).await;
+                    });
+                }
+                Action::Finished(outcome) => self.finish_failover(outcome),
+            }
+        }
+    }
+
+    fn finish_failover(&mut self, outcome: Outcome) {
+        let now = Instant::now();
+        let Some(run) = self.failover.take() else { return };
+        let (label, to) = match &outcome {
+            Outcome::Completed => ("completed", Some(run.machine.candidate.clone())),
+            Outcome::CompletedWithTimeout => ("completed_with_timeout", Some(run.machine.candidate.clone())),
+            Outcome::Aborted(_) => ("aborted", None),
+        };
+        metrics::counter!(m::FAILOVERS, "group" => self.cfg.name.clone(), "result" => label).increment(1);
+        let duration = now.saturating_duration_since(run.started);
+        if to.is_some() {
+            metrics::histogram!(m::FAILOVER_DURATION, "group" => self.cfg.name.clone()).record(duration.as_secs_f64());
+        }
+        tracing::info!(group = %self.cfg.name, epoch = run.machine.epoch, outcome = ?outcome, duration_ms = ms(duration), "failover finished");
+        self.last_failover = Some(LastFailover {
+            epoch: run.machine.epoch,
+            from: run.machine.old_master.clone(),
+            to,
+            outcome: match outcome {
+                Outcome::Aborted(why) => format!("aborted: {why}"),
+                _ => label.to_string(),
+            },
+            at_unix: unix_now(),
+            duration_ms: Some(ms(duration)),
+        });
+        if matches!(self.last_failover.as_ref().map(|l| l.to.is_none()), Some(true)) {
+            self.schedule_retry(now);
+            if run.machine.kind == Kind::Switchover {
+                // The old master serves again: make sure the backends that
+                // were fenced route to it again, with the fence's epoch.
+                self.adopt_master(self.master.clone(), run.machine.epoch, Reporter::Leader, None);
+                let topology = self.topology(Reporter::Leader, None);
+                let runner = self.discovery.clone();
+                let deadline = self.cfg.failover_timeout;
+                tokio::spawn(async move {
+                    if let Err(e) = runner.publish(topology, deadline).await {
+                        tracing::warn!(error = %e, "re-publishing the old master after an aborted switchover failed");
+                    }
+                });
+            }
+        } else {
+            // A completed failover: the next one may start whenever needed.
+            self.next_attempt = now;
+        }
+    }
+
+    /// Make `master` the group's master with `epoch` (persisted first).
+    fn adopt_master(&mut self, master: Addr, epoch: u64, reporter: Reporter, from: Option<&str>) {
+        if let Err(e) = self.ctx.state.set_config(&self.cfg.name, epoch, &master) {
+            // Never advertise what is not durable: peers would learn a
+            // config this daemon may forget.
+            tracing::error!(group = %self.cfg.name, error = %e, "cannot persist the new master");
+            return;
+        }
+        let old = std::mem::replace(&mut self.master, master.clone());
+        self.config_epoch = epoch;
+        metrics::gauge!(m::CONFIG_EPOCH, "group" => self.cfg.name.clone()).set(epoch as f64);
+        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), "instance" => old.to_string()).set(0.0);
+        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), "instance" => master.to_string()).set(1.0);
+        self.ensure_instance(&master);
+        self.ensure_instance(&old);
+        if old != master {
+            if let Some(from) = from {
+                self.ctx.events.emit("+config-update-from", format!("sentinel {from} @ {} {} {}", self.cfg.name, master.host, master.port));
+            }
+            self.ctx.events.emit(
+                "+switch-master",
+                format!("{} {} {} {} {}", self.cfg.name, old.host, old.port, master.host, master.port),
+            );
+        }
+        if self.intended.as_ref().is_some_and(|(e, _)| *e <= epoch) {
+            self.intended = None;
+        }
+        self.odown_since = None;
+        metrics::gauge!(m::MASTER_ODOWN, "group" => self.cfg.name.clone()).set(0.0);
+        if reporter == Reporter::Observer && old != master {
+            self.last_failover = Some(LastFailover {
+                epoch,
+                from: old.clone(),
+                to: Some(master.clone()),
+                outcome: "observed".into(),
+                at_unix: unix_now(),
+                duration_ms: None,
+            });
+        }
+        self.ctx.hello_now.notify_one();
+        self.publish_view();
+    }
+
+    fn topology(&self, reporter: Reporter, old_master: Option<Addr>) -> Topology {
+        Topology {
+            group: self.cfg.name.clone(),
+            epoch: self.config_epoch,
+            master: self.master.clone(),
+            old_master,
+            replicas: self.instances.keys().filter(|a| **a != self.master).cloned().collect(),
+            reporter,
+        }
+    }
+
+    fn feed_reconfiguration(&mut self, addr: &Addr) {
+        let Some(run) = self.failover.as_ref() else { return };
+        if run.machine.phase() != Phase::Reconfiguring {
+            return;
+        }
+        let target = run.machine.candidate.clone();
+        let synced = self.instances.get(addr).and_then(|i| i.info.as_ref()).is_some_and(|i| {
+            i.role == Role::Replica
+                && i.master_link_up
+                && i.master_host.as_deref() == Some(target.host.as_str())
+                && i.master_port == Some(target.port)
+        });
+        if synced {
+            self.machine_input(Instant::now(), Input::ReplicaSynced(addr.clone()));
+        }
+    }
+
+    // === keeping the topology right outside failovers ===
+
+    /// Whether this daemon may reconfigure instances on its own: not in
+    /// TILT, no failover, and its config confirmed by a majority (its own
+    /// view is not stale).
+    fn may_reconfigure(&self, now: Instant) -> bool {
+        if self.failover.is_some() || self.election.is_some() || self.ctx.tilt.active(now) {
+            return false;
+        }
+        let peers = self.ctx.peer_table.snapshot();
+        let mut confirmed = 1;
+        for e in &peers {
+            let fresh = e.last_seen.is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL);
+            if !fresh {
+                continue;
+            }
+            if let Some(h) = &e.hello {
+                if let Some(g) = h.groups.iter().find(|g| g.name == self.cfg.name) {
+                    if g.config_epoch > self.config_epoch {
+                        return false;
+                    }
+                }
+            }
+            confirmed += 1;
+        }
+        confirmed >= self.ctx.majority()
+    }
+
+    fn check_topology(&mut self, now: Instant) {
+        if !self.may_reconfigure(now) {
+            return;
+        }
+        let master = self.master.clone();
+        let master_up = self.instances.get(&master).is_some_and(|i| !i.sdown.is_down());
+        let intended = self.intended.as_ref().filter(|(e, _)| *e > self.config_epoch).map(|(_, a)| a.clone());
+        let mut demote = Vec::new();
+        let mut repoint = Vec::new();
+        for inst in self.instances.values_mut() {
+            if inst.addr == master || Some(&inst.addr) == intended.as_ref() {
+                inst.wrong_master_since = None;
+                continue;
+            }
+            let Some(info) = inst.info.as_ref() else { continue };
+            if inst.last_action.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+                continue;
+            }
+            match info.role {
+                // A returning old master (or any stray master): demote at
+                // once, before anything could route to it (invariant 6).
+                Role::Master => {
+                    inst.last_action = Some(now);
+                    demote.push((inst.addr.clone(), info.flavour));
+                }
+                Role::Replica if master_up => {
+                    let follows = info.master_host.as_deref() == Some(master.host.as_str())
+                        && info.master_port == Some(master.port);
+                    if follows {
+                        inst.wrong_master_since = None;
+                    } else {
+                        let since = *inst.wrong_master_since.get_or_insert(now);
+                        if now.duration_since(since) >= Duration::from_millis(500) {
+                            inst.last_action = Some(now);
+                            repoint.push((inst.addr.clone(), info.flavour));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (addr, flavour) in demote {
+            self.ctx.events.emit(
+                "+convert-to-slave",
+                replica_details(&addr, &self.cfg.name, &master),
+            );
+            tracing::info!(group = %self.cfg.name, instance = %addr, master = %master, "demoting a stray master");
+            let ops = self.ops.clone();
+            let m = master.clone();
+            let tx = self.internal_tx.clone();
+            tokio::spawn(async move {
+                let r = ops.demote(&addr, flavour, &m).await.map_err(|e| e.to_string());
+                let _ = tx.send(Internal::Demoted(addr, r)).await;
+            });
+        }
+        for (addr, flavour) in repoint {
+            self.ctx.events.emit(
+                "+fix-slave-config",
+                replica_details(&addr, &self.cfg.name, &master),
+            );
+            let ops = self.ops.clone();
+            let m = master.clone();
+            let name = self.cfg.name.clone();
+            tokio::spawn(async move {
+                if let Err(e) = ops.repoint(&addr, flavour, &m).await {
+                    tracing::warn!(group = %name, instance = %addr, error = %e, "re-pointing a replica failed");
+                }
+            });
+        }
+    }
+
+    // === messages ===
+
+    fn on_internal(&mut self, msg: Internal) {
+        let now = Instant::now();
+        match msg {
+            Internal::Answer { peer, epoch, at, result } => {
+                let Some(p) = self.peers.get_mut(peer) else { return };
+                match result {
+                    Ok(r) => {
+                        self.ctx.peer_table.mark_seen(peer, at);
+                        p.down = r.down;
+                        p.answered_at = Some(at);
+                        if r.leader.is_some() || r.leader_epoch >= p.leader_epoch {
+                            p.leader = r.leader;
+                            p.leader_epoch = r.leader_epoch;
+                        }
+                        let _ = epoch;
+                        let tilt = self.ctx.tilt.active(now);
+                        self.update_odown(now, tilt);
+                        self.drive_election(now, tilt);
+                    }
+                    Err(e) => {
+                        tracing::debug!(group = %self.cfg.name, peer = %self.ctx.peers[peer].addr(), error = %e, "peer did not answer");
+                    }
+                }
+            }
+            Internal::Machine(epoch, input) => {
+                if self.failover.as_ref().is_some_and(|r| r.machine.epoch == epoch) {
+                    self.machine_input(now, input);
+                }
+            }
+            Internal::Demoted(addr, r) => match r {
+                Ok(()) => {
+                    metrics::counter!(m::DEMOTIONS, "group" => self.cfg.name.clone()).increment(1);
+                    self.refresh_info(&addr);
+                }
+                Err(e) => {
+                    tracing::warn!(group = %self.cfg.name, instance = %addr, error = %e, "demotion failed; will retry");
+                }
+            },
+        }
+    }
+
+    fn on_msg(&mut self, msg: GroupMsg) {
+        let now = Instant::now();
+        match msg {
+            GroupMsg::IsDown { query, reply } => {
+                let _ = reply.send(self.answer_is_down(now, query));
+            }
+            GroupMsg::PeerConfig { from, group } => {
+                if group.config_epoch > self.config_epoch {
+                    tracing::info!(group = %self.cfg.name, from = %from, epoch = group.config_epoch, master = %group.master, "adopting a newer config from a peer");
+                    if let Some(run) = self.failover.take() {
+                        tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, "a newer config exists; abandoning this failover");
+                    }
+                    if let Some(el) = self.election.take() {
+                        if let Some(r) = el.switchover_reply {
+                            let _ = r.send(Err("INPROG a newer configuration was adopted".into()));
+                        }
+                    }
+                    self.adopt_master(group.master, group.config_epoch, Reporter::Observer, Some(&from));
+                    let topology = self.topology(Reporter::Observer, None);
+                    let runner = self.discovery.clone();
+                    let deadline = self.cfg.failover_timeout;
+                    let name = self.cfg.name.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = runner.publish(topology, deadline).await {
+                            tracing::warn!(group = %name, error = %e, "publishing the adopted config failed");
+                        }
+                    });
+                }
+            }
+            GroupMsg::Switchover { to, reply } => {
+                if self.failover.is_some() || self.election.is_some() {
+                    let _ = reply.send(Err("INPROG Failover already in progress".into()));
+                    return;
+                }
+                if self.master_sdown() {
+                    let _ = reply.send(Err(
+                        "ERR the master is down: a switchover needs a live master (an automatic failover will handle it)".into(),
+                    ));
+                    return;
+                }
+                self.start_election(now, Kind::Switchover, to, Some(reply));
+            }
+            GroupMsg::Reset => {
+                let master = self.master.clone();
+                self.instances.retain(|a, _| *a == master);
+                for p in self.peers.iter_mut() {
+                    *p = PeerState::default();
+                }
+                self.ctx
+                    .events
+                    .emit("+reset-master", master_details(&self.cfg.name, &self.master));
+                self.refresh_info(&master);
+            }
+        }
+    }
+
+    fn answer_is_down(&mut self, now: Instant, q: IsDownQuery) -> Result<IsDownReply, String> {
+        let tilt = self.ctx.tilt.active(now);
+        let same_master = q.master == self.master;
+        let down = !tilt && same_master && self.master_sdown();
+        if let Some(candidate) = &q.candidate {
+            // A candidate with a stale view of the group gets no vote: it
+            // would promote a replica of a master that is not current.
+            if same_master && q.config_epoch >= self.config_epoch {
+                let vote = self
+                    .ctx
+                    .state
+                    .vote(&self.cfg.name, q.epoch, candidate)
+                    .map_err(|e| format!("ERR cannot persist the vote: {e}"))?;
+                if vote.epoch == q.epoch && vote.leader.as_deref() == Some(candidate.as_str()) {
+                    if *candidate != self.ctx.id {
+                        metrics::counter!(m::VOTES_GRANTED, "group" => self.cfg.name.clone()).increment(1);
+                        self.ctx
+                            .events
+                            .emit("+vote-for-leader", format!("{candidate} {}", q.epoch));
+                        // Do not compete with the leader we voted for.
+                        if let Some(el) = self.election.take() {
+                            if let Some(r) = el.switchover_reply {
+                                let _ = r.send(Err("INPROG another daemon leads the failover".into()));
+                            }
+                        }
+                        self.schedule_retry(now);
+                        if let Some(p) = q.promote.clone() {
+                            self.intended = Some((q.epoch, p));
+                        }
+                    }
+                }
+                return Ok(IsDownReply {
+                    down,
+                    leader: vote.leader,
+                    leader_epoch: vote.epoch,
+                });
+            }
+        } else if q.epoch > 0 {
+            if let Err(e) = self.ctx.state.observe_epoch(q.epoch) {
+                tracing::warn!(error = %e, "cannot persist the observed epoch");
+            }
+        }
+        let rec = self.ctx.state.group(&self.cfg.name);
+        Ok(IsDownReply {
+            down,
+            leader: rec.voted_for,
+            leader_epoch: rec.vote_epoch,
+        })
+    }
+
+    // === the published view ===
+
+    fn publish_view(&self) {
+        let now = Instant::now();
+        let since = |t: Option<Instant>| t.map(|t| ms(now.saturating_duration_since(t)));
+        let mut instances: Vec<InstanceView> = self
+            .instances
+            .values()
+            .map(|i| {
+                let info = i.info.clone().unwrap_or_default();
+                InstanceView {
+                    addr: i.addr.clone(),
+                    is_master: i.addr == self.master,
+                    role: info.role,
+                    flavour: info.flavour,
+                    version: info.version.clone(),
+                    run_id: info.run_id.clone(),
+                    up: !i.sdown.is_down(),
+                    sdown: i.sdown.is_down(),
+                    sdown_ms: since(i.sdown.down_since()),
+                    connected: i.connected,
+                    last_ok_ping_ms: ms(now.saturating_duration_since(i.sdown.last_valid())),
+                    last_reply_ms: since(i.last_reply),
+                    info_age_ms: since(i.info_at),
+                    role_reported_ms: since(i.role_changed_at),
+                    offset: if info.role == Role::Master { info.master_offset } else { info.replica_offset },
+                    priority: info.priority,
+                    master_host: info.master_host.clone(),
+                    master_port: info.master_port,
+                    master_link_up: info.master_link_up,
+                    master_link_down_secs: info.master_link_down_since_secs,
+                    loading: info.loading,
+                    replica_announced: info.replica_announced,
+                    last_error: i.last_error.clone(),
+                }
+            })
+            .collect();
+        instances.sort_by_key(|i| !i.is_master);
+        let table = self.ctx.peer_table.snapshot();
+        let ttl = self.answer_ttl();
+        let peers = table
+            .iter()
+            .zip(self.peers.iter())
+            .map(|(e, p)| PeerView {
+                addr: e.addr.clone(),
+                id: e.id.clone(),
+                reachable: e.last_seen.is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL),
+                last_hello_ms: since(e.last_seen),
+                sees_master_down: p.down && p.answered_at.is_some_and(|t| now.saturating_duration_since(t) <= ttl),
+                voted_leader: p.leader.clone(),
+                voted_epoch: p.leader_epoch,
+                config_epoch: e
+                    .hello
+                    .as_ref()
+                    .and_then(|h| h.groups.iter().find(|g| g.name == self.cfg.name))
+                    .map(|g| g.config_epoch),
+            })
+            .collect();
+        let rec = self.ctx.state.group(&self.cfg.name);
+        let tilt = self.ctx.tilt.until().is_some_and(|u| now < u);
+        let failover = if let Some(run) = &self.failover {
+            Some(FailoverView {
+                epoch: run.machine.epoch,
+                kind: match run.machine.kind {
+                    Kind::Unplanned => "failover".into(),
+                    Kind::Switchover => "switchover".into(),
+                },
+                state: run.machine.phase().as_str().into(),
+                candidate: Some(run.machine.candidate.clone()),
+                started_ms: ms(now.saturating_duration_since(run.started)),
+            })
+        } else {
+            self.election.as_ref().map(|el| FailoverView {
+                epoch: el.epoch,
+                kind: match el.kind {
+                    Kind::Unplanned => "failover".into(),
+                    Kind::Switchover => "switchover".into(),
+                },
+                state: "wait_start".into(),
+                candidate: Some(el.candidate.clone()),
+                started_ms: ms(now.saturating_duration_since(el.started)),
+            })
+        };
+        let status = if tilt {
+            "tilt"
+        } else if failover.is_some() {
+            "failover"
+        } else if self.odown_since.is_some() {
+            "odown"
+        } else if self.master_sdown() {
+            "sdown"
+        } else {
+            "ok"
+        };
+        let view = GroupView {
+            name: self.cfg.name.clone(),
+            master: self.master.clone(),
+            config_epoch: self.config_epoch,
+            quorum: self.cfg.quorum,
+            daemons: self.ctx.daemons(),
+            down_after_ms: ms(self.cfg.down_after),
+            failover_timeout_ms: ms(self.cfg.failover_timeout),
+            parallel_syncs: self.cfg.parallel_syncs,
+            flush_on_failover: self.cfg.flush_on_failover,
+            status: status.into(),
+            reason: self.reason.clone(),
+            master_sdown: self.master_sdown(),
+            master_odown: self.odown_since.is_some(),
+            odown_ms: since(self.odown_since),
+            down_votes: self.down_votes(now),
+            voted_leader: rec.voted_for,
+            voted_epoch: rec.vote_epoch,
+            failover,
+            last_failover: self.last_failover.clone(),
+            instances,
+            peers,
+            discovery: self.discovery.status(),
+        };
+        self.view_tx.send_replace(Arc::new(view));
+    }
+}
+
+/// Build this daemon's hello from the groups' views.
+pub fn hello_groups(groups: &HashMap<String, GroupHandle>) -> Vec<HelloGroup> {
+    let mut out: Vec<HelloGroup> = groups
+        .values()
+        .map(|h| {
+            let v = h.view.borrow();
+            HelloGroup {
+                name: v.name.clone(),
+                master: v.master.clone(),
+                config_epoch: v.config_epoch,
+                sdown: v.master_sdown,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ms_saturates() {
+        assert_eq!(ms(Duration::from_millis(5)), 5);
+        assert_eq!(ms(Duration::MAX), u64::MAX);
+    }
+}
