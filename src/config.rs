@@ -4,11 +4,18 @@
 //! user-facing contract"); keep them stable. Every struct denies unknown
 //! fields so that a typo is an error instead of a silently ignored key.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use crate::addr::Addr;
 
 /// Exit code for a configuration that cannot be used (sysexits EX_USAGE).
 pub const EX_USAGE: i32 = 64;
@@ -305,11 +312,1017 @@ pub fn parse_addr(s: &str) -> Option<SocketAddr> {
     s.parse().ok()
 }
 
-/// Read a secret from a file, dropping one trailing newline.
+/// Read a secret from a file, dropping the trailing line break(s) an editor adds.
 pub fn read_secret(path: &Path) -> std::io::Result<String> {
     let mut s = std::fs::read_to_string(path)?;
     while s.ends_with('\n') || s.ends_with('\r') {
         s.pop();
     }
     Ok(s)
+}
+
+// ---------------------------------------------------------------------------
+// Loading: file -> TOML tree (with spans) -> Config -> validate().
+
+/// One thing wrong with a configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// 1-based line of the offending key, or of the header of its table when
+    /// the key is absent; `None` when the problem has no place in the file
+    /// (it could not be read).
+    pub line: Option<usize>,
+    /// Dotted key path as the user sees it, e.g. `group[0].down_after`;
+    /// empty when the problem concerns the file as a whole.
+    pub key: String,
+    /// What is wrong, in words meant for the user.
+    pub reason: String,
+}
+
+/// Every problem found in one configuration file.
+///
+/// `Display` prints one `PATH:LINE: key: reason` line per problem, in file
+/// order, the form `picket check-config` prints. `:LINE` is left out when
+/// the line is unknown and `key: ` when the problem concerns the whole file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors {
+    path: PathBuf,
+    problems: Vec<ConfigProblem>,
+}
+
+impl ConfigErrors {
+    /// The file the problems were found in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The problems, in file order (never empty).
+    pub fn problems(&self) -> &[ConfigProblem] {
+        &self.problems
+    }
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{}", self.path.display())?;
+            if let Some(line) = p.line {
+                write!(f, ":{line}")?;
+            }
+            f.write_str(": ")?;
+            if !p.key.is_empty() {
+                write!(f, "{}: ", p.key)?;
+            }
+            f.write_str(&p.reason)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Read, parse and validate the configuration file at `path`.
+///
+/// All validation problems are reported at once, each with the line of the
+/// offending key, so that a user can fix the file in one pass. A TOML syntax
+/// or type error stops the parse and is reported alone.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigErrors {
+        path: path.to_path_buf(),
+        problems: vec![ConfigProblem {
+            line: None,
+            key: String::new(),
+            reason: format!("cannot read the configuration file: {e}"),
+        }],
+    })?;
+    load_str(path, &text)
+}
+
+/// Parse and validate configuration text as [`load`] does; `path` only names
+/// the file in messages and is not read.
+pub fn load_str(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+    let fail = |problems| ConfigErrors {
+        path: path.to_path_buf(),
+        problems,
+    };
+    let tree = DeTable::parse(text).map_err(|e| fail(vec![syntax_problem(text, &e)]))?;
+    let index = SpanIndex::new(text, tree.get_ref());
+    let config = Config::deserialize(toml::de::Deserializer::from(tree.clone()))
+        .map_err(|e| fail(vec![index.serde_problem(tree.get_ref(), &e)]))?;
+    let mut problems: Vec<ConfigProblem> = config
+        .validate()
+        .into_iter()
+        .map(|(key, reason)| ConfigProblem {
+            line: index.line_of_key(&key),
+            key,
+            reason,
+        })
+        .collect();
+    if problems.is_empty() {
+        return Ok(config);
+    }
+    // Stable: problems on one line keep the order validate() found them in.
+    problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
+    Err(fail(problems))
+}
+
+/// A syntax error stops the span-preserving parse, so the key is looked up
+/// in the best-effort tree of a recovering parse.
+fn syntax_problem(text: &str, err: &toml::de::Error) -> ConfigProblem {
+    let (tree, _) = DeTable::parse_recoverable(text);
+    let index = SpanIndex::new(text, tree.get_ref());
+    let reason = one_line(err.message());
+    let Some(span) = err.span() else {
+        return ConfigProblem {
+            line: None,
+            key: String::new(),
+            reason,
+        };
+    };
+    let key = match index.innermost(span.start, true) {
+        Some(entry) => entry.path.clone(),
+        None => {
+            let table = index
+                .enclosing_header(span.start)
+                .map(|e| e.path.as_str())
+                .unwrap_or("");
+            // The second of two equal keys is not in the tree; its span is.
+            match text.get(span.clone()) {
+                Some(dup) if reason == "duplicate key" => join_key(table, dup),
+                _ => table.to_string(),
+            }
+        }
+    };
+    ConfigProblem {
+        line: Some(index.line_at(span.start)),
+        key,
+        reason,
+    }
+}
+
+/// Where each key of the document is, by dotted path.
+struct SpanIndex {
+    entries: Vec<Located>,
+    /// Byte offset of the start of each line.
+    line_starts: Vec<usize>,
+}
+
+/// One key (or array element) of the document.
+struct Located {
+    /// `group[0].discovery[1].url`.
+    path: String,
+    /// Where the key is written (for an array element: the element).
+    key_start: usize,
+    /// From the key to the end of the value (a table's value is its header).
+    whole: Range<usize>,
+    /// The value's span, which is what serde errors point at.
+    value: Range<usize>,
+    /// Start of the `[header]` when this is a table opened by one.
+    header: Option<usize>,
+}
+
+impl SpanIndex {
+    fn new(text: &str, root: &DeTable<'_>) -> Self {
+        let mut index = SpanIndex {
+            entries: Vec::new(),
+            line_starts: std::iter::once(0)
+                .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+                .collect(),
+        };
+        index.walk_table(text, root, "");
+        index
+    }
+
+    fn walk_table(&mut self, text: &str, table: &DeTable<'_>, prefix: &str) {
+        for (key, value) in table.iter() {
+            let path = join_key(prefix, key.get_ref());
+            let (k, v) = (key.span(), value.span());
+            self.push(
+                text,
+                path.clone(),
+                k.start,
+                k.start.min(v.start)..k.end.max(v.end),
+                value,
+            );
+            self.walk_value(text, value, &path);
+        }
+    }
+
+    fn walk_value(&mut self, text: &str, value: &Spanned<DeValue<'_>>, path: &str) {
+        match value.get_ref() {
+            DeValue::Table(table) => self.walk_table(text, table, path),
+            DeValue::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let path = format!("{path}[{i}]");
+                    let span = item.span();
+                    self.push(text, path.clone(), span.start, span, item);
+                    self.walk_value(text, item, &path);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn push(
+        &mut self,
+        text: &str,
+        path: String,
+        key_start: usize,
+        whole: Range<usize>,
+        value: &Spanned<DeValue<'_>>,
+    ) {
+        let span = value.span();
+        let opened_by_header = value.get_ref().is_table()
+            && text.get(span.start..).is_some_and(|t| t.starts_with('['));
+        self.entries.push(Located {
+            path,
+            key_start,
+            whole,
+            header: opened_by_header.then_some(span.start),
+            value: span,
+        });
+    }
+
+    /// 1-based line of a byte offset.
+    fn line_at(&self, offset: usize) -> usize {
+        self.line_starts.partition_point(|&start| start <= offset)
+    }
+
+    /// The line of `key`, or of its nearest enclosing key present in the
+    /// document (a defaulted key is reported at its table's header).
+    fn line_of_key(&self, key: &str) -> Option<usize> {
+        let mut key = key;
+        loop {
+            if let Some(entry) = self.entries.iter().find(|e| e.path == key) {
+                return Some(self.line_at(entry.key_start));
+            }
+            if key.is_empty() {
+                return None;
+            }
+            key = parent_key(key);
+        }
+    }
+
+    /// The smallest entry containing `offset`, the deepest on a tie.
+    fn innermost(&self, offset: usize, inclusive_end: bool) -> Option<&Located> {
+        self.entries
+            .iter()
+            .filter(|e| {
+                let r = &e.whole;
+                r.start <= offset
+                    && (offset < r.end || ((inclusive_end || r.is_empty()) && offset == r.end))
+            })
+            .min_by_key(|e| (e.whole.len(), std::cmp::Reverse(e.path.len())))
+    }
+
+    /// The table whose `[header]` is the last one before `offset`.
+    fn enclosing_header(&self, offset: usize) -> Option<&Located> {
+        self.entries
+            .iter()
+            .filter(|e| e.header.is_some_and(|h| h <= offset))
+            .max_by_key(|e| (e.header, e.path.len()))
+    }
+
+    fn serde_problem(&self, root: &DeTable<'_>, err: &toml::de::Error) -> ConfigProblem {
+        let refined = refine_discovery_error(root, err);
+        let err = refined.as_ref().unwrap_or(err);
+        let message = one_line(err.message());
+        let Some(span) = err.span() else {
+            return ConfigProblem {
+                line: None,
+                key: String::new(),
+                reason: message,
+            };
+        };
+        let line = Some(self.line_at(span.start));
+        if let Some(field) = missing_field(&message) {
+            // serde points at the table that lacks the key; the root table
+            // has an empty span that no entry shares.
+            let table = self
+                .entries
+                .iter()
+                .filter(|e| e.value == span)
+                .max_by_key(|e| e.path.len())
+                .map(|e| e.path.as_str())
+                .unwrap_or("");
+            return ConfigProblem {
+                line,
+                key: join_key(table, field),
+                reason: "required key is missing".to_string(),
+            };
+        }
+        let key = self
+            .innermost(span.start, false)
+            .map(|e| e.path.clone())
+            .unwrap_or_default();
+        ConfigProblem {
+            line,
+            key,
+            reason: message,
+        }
+    }
+}
+
+/// serde's internally tagged enums (`type = "exec"`) buffer their content, so
+/// an error inside a `[[group.discovery]]` entry comes back pointing at the
+/// entry's header. Deserializing that entry again as its variant's struct,
+/// straight from the spanned tree, finds the same error with its real span.
+fn refine_discovery_error(root: &DeTable<'_>, err: &toml::de::Error) -> Option<toml::de::Error> {
+    let span = err.span()?;
+    let groups = root.get("group")?.get_ref().as_array()?;
+    let entry = groups
+        .iter()
+        .filter_map(|g| {
+            g.get_ref()
+                .as_table()?
+                .get("discovery")?
+                .get_ref()
+                .as_array()
+        })
+        .flat_map(|entries| entries.iter())
+        .find(|d| d.span() == span)?;
+    let table = entry.get_ref().as_table()?;
+    let kind = table.get("type")?.get_ref().as_str()?;
+    let mut body = table.clone();
+    body.remove("type");
+    let de = toml::de::ValueDeserializer::from(Spanned::new(span, DeValue::Table(body)));
+    match kind {
+        "kubernetes" => KubernetesConfig::deserialize(de).err(),
+        "exec" => ExecConfig::deserialize(de).err(),
+        "webhook" => WebhookConfig::deserialize(de).err(),
+        "file" => FileConfig::deserialize(de).err(),
+        _ => None,
+    }
+}
+
+/// The field named by serde's "missing field `x`" message.
+fn missing_field(message: &str) -> Option<&str> {
+    message.strip_prefix("missing field `")?.strip_suffix('`')
+}
+
+fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn join_key(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+/// `group[0].tls.ca_file` -> `group[0].tls` -> `group[0]` -> `group` -> ``.
+fn parent_key(key: &str) -> &str {
+    key.rfind(['.', '[']).map_or("", |i| &key[..i])
+}
+
+// ---------------------------------------------------------------------------
+// Validation: what the types cannot express.
+
+/// Collects `(key path, reason)` pairs.
+#[derive(Default)]
+struct Problems(Vec<(String, String)>);
+
+impl Problems {
+    fn add(&mut self, key: impl Into<String>, reason: impl Into<String>) {
+        self.0.push((key.into(), reason.into()));
+    }
+
+    fn check(&mut self, key: impl Into<String>, problem: Option<String>) {
+        if let Some(reason) = problem {
+            self.add(key, reason);
+        }
+    }
+
+    fn file(&mut self, key: impl Into<String>, path: &Path) {
+        self.check(key, file_problem(path));
+    }
+
+    fn positive(&mut self, key: impl Into<String>, d: Duration) {
+        if d.is_zero() {
+            self.add(key, "must be greater than 0");
+        }
+    }
+}
+
+/// An address reduced to what identifies a daemon: IP literals in canonical
+/// form, host names case-insensitively.
+type AddrKey = (String, u16);
+
+fn addr_key(a: &Addr) -> AddrKey {
+    let host = match a.host.parse::<IpAddr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) => a.host.trim_end_matches('.').to_ascii_lowercase(),
+    };
+    (host, a.port)
+}
+
+impl Config {
+    /// Check everything a user can get wrong that the types cannot express,
+    /// and return every problem as `(key path, reason)`, e.g.
+    /// `("group[0].quorum", "must be between 1 and 3 (the number of daemons)")`.
+    ///
+    /// This looks at the file system: each `*_file` must be readable now,
+    /// and a discovery `file` must have an existing directory.
+    pub fn validate(&self) -> Vec<(String, String)> {
+        let mut v = Problems::default();
+        self.daemon.validate(&mut v);
+        let daemons = self.daemon.peers.len() + 1;
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        let mut masters: HashMap<AddrKey, usize> = HashMap::new();
+        let mut files: HashMap<&Path, String> = HashMap::new();
+        for (i, group) in self.groups.iter().enumerate() {
+            let key = format!("group[{i}]");
+            group.validate(&key, daemons, &mut v);
+            if !group.name.is_empty() {
+                match names.get(group.name.as_str()) {
+                    Some(first) => v.add(
+                        format!("{key}.name"),
+                        format!(
+                            "duplicate group name {:?} (also group[{first}])",
+                            group.name
+                        ),
+                    ),
+                    None => {
+                        names.insert(&group.name, i);
+                    }
+                }
+            }
+            // Two groups sharing a master would fail it over twice.
+            if let Ok(master) = group.master.parse::<Addr>() {
+                match masters.get(&addr_key(&master)) {
+                    Some(&first) => v.add(
+                        format!("{key}.master"),
+                        format!(
+                            "{} is already the master of group[{first}] ({:?})",
+                            group.master, self.groups[first].name
+                        ),
+                    ),
+                    None => {
+                        masters.insert(addr_key(&master), i);
+                    }
+                }
+            }
+            for (j, d) in group.discovery.iter().enumerate() {
+                let DiscoveryConfig::File(f) = d else {
+                    continue;
+                };
+                if f.path.as_os_str().is_empty() {
+                    continue;
+                }
+                let this = format!("{key}.discovery[{j}].path");
+                match files.get(f.path.as_path()) {
+                    Some(first) => v.add(
+                        this,
+                        format!("{} is also written by {first}", f.path.display()),
+                    ),
+                    None => {
+                        files.insert(&f.path, this);
+                    }
+                }
+            }
+        }
+        v.0
+    }
+
+    /// A short human summary for `picket check-config`: the daemon, its
+    /// peers, then one line per group.
+    pub fn summary(&self) -> String {
+        let d = &self.daemon;
+        let mut lines = vec![format!(
+            "daemon {}: listen {}, announce {}, http {}, data_dir {}",
+            d.id.as_deref()
+                .unwrap_or("(id generated on first start, kept in data_dir)"),
+            d.listen,
+            d.announce_addr(),
+            d.http_listen,
+            d.data_dir.display()
+        )];
+        lines.push(if d.peers.is_empty() {
+            "peers: none (a single daemon)".to_string()
+        } else {
+            format!("peers ({}): {}", d.peers.len(), d.peers.join(", "))
+        });
+        if self.groups.is_empty() {
+            lines.push("groups: none".to_string());
+        }
+        for g in &self.groups {
+            let kinds: Vec<&str> = g
+                .discovery
+                .iter()
+                .map(|d| match d {
+                    DiscoveryConfig::Kubernetes(k) => match k.mode {
+                        KubernetesMode::PodLabels => "kubernetes (pod-labels)",
+                        KubernetesMode::Endpointslice => "kubernetes (endpointslice)",
+                    },
+                    DiscoveryConfig::Exec(_) => "exec",
+                    DiscoveryConfig::Webhook(_) => "webhook",
+                    DiscoveryConfig::File(_) => "file",
+                })
+                .collect();
+            lines.push(format!(
+                "group {}: master {}, quorum {} of {}, down_after {}, failover_timeout {}, \
+                 flush_on_failover {}, discovery: {}",
+                g.name,
+                g.master,
+                g.quorum,
+                d.peers.len() + 1,
+                humantime::format_duration(g.down_after),
+                humantime::format_duration(g.failover_timeout),
+                if g.flush_on_failover { "yes" } else { "no" },
+                if kinds.is_empty() {
+                    "none".to_string()
+                } else {
+                    kinds.join(", ")
+                }
+            ));
+        }
+        lines.join("\n")
+    }
+}
+
+impl DaemonConfig {
+    fn validate(&self, v: &mut Problems) {
+        if let Some(id) = &self.id {
+            v.check("daemon.id", id_problem(id));
+        }
+        // Port 0 (any free port) is allowed on the listeners: tests use it.
+        let listen = socket_addr(v, "daemon.listen", &self.listen, "0.0.0.0:26379");
+        let http = socket_addr(v, "daemon.http_listen", &self.http_listen, "0.0.0.0:9479");
+        if let (Some(l), Some(h)) = (listen, http)
+            && l.port() != 0
+            && l.port() == h.port()
+            && (l.ip() == h.ip() || l.ip().is_unspecified() || h.ip().is_unspecified())
+        {
+            v.add(
+                "daemon.http_listen",
+                format!(
+                    "{} overlaps daemon.listen ({}); use another port",
+                    self.http_listen, self.listen
+                ),
+            );
+        }
+        let mut own: Vec<AddrKey> = Vec::new();
+        if let Some(announce) = &self.announce {
+            match announce.parse::<Addr>() {
+                Ok(a) => {
+                    if a.host.parse::<IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
+                        v.add(
+                            "daemon.announce",
+                            format!("{announce} is not an address others can connect to"),
+                        );
+                    }
+                    own.push(addr_key(&a));
+                }
+                Err(e) => v.add("daemon.announce", e.to_string()),
+            }
+        }
+        if let Some(l) = listen.filter(|l| !l.ip().is_unspecified()) {
+            own.push((l.ip().to_string(), l.port()));
+        }
+        let mut seen: HashMap<AddrKey, usize> = HashMap::new();
+        for (i, peer) in self.peers.iter().enumerate() {
+            let key = format!("daemon.peers[{i}]");
+            match peer.parse::<Addr>() {
+                Err(e) => v.add(key, e.to_string()),
+                Ok(a) => {
+                    let id = addr_key(&a);
+                    if own.contains(&id) {
+                        v.add(
+                            key,
+                            format!(
+                                "{peer} is this daemon's own address (daemon.listen or \
+                                 daemon.announce); list only the other daemons"
+                            ),
+                        );
+                    } else if let Some(first) = seen.get(&id) {
+                        v.add(
+                            key,
+                            format!("{peer} is listed twice (also daemon.peers[{first}])"),
+                        );
+                    } else {
+                        seen.insert(id, i);
+                    }
+                }
+            }
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            v.add("daemon.data_dir", "must not be empty");
+        } else if self.data_dir.exists() && !self.data_dir.is_dir() {
+            v.add(
+                "daemon.data_dir",
+                format!("{} exists and is not a directory", self.data_dir.display()),
+            );
+        }
+        if let Some(f) = &self.password_file {
+            v.file("daemon.password_file", f);
+        }
+        if self.max_clients == 0 {
+            v.add("daemon.max_clients", "must be at least 1");
+        }
+    }
+}
+
+fn socket_addr(v: &mut Problems, key: &str, s: &str, example: &str) -> Option<SocketAddr> {
+    match s.parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            v.add(
+                key,
+                format!("{s:?} is not an IP address and port such as {example}"),
+            );
+            None
+        }
+    }
+}
+
+impl GroupConfig {
+    fn validate(&self, key: &str, daemons: usize, v: &mut Problems) {
+        v.check(format!("{key}.name"), group_name_problem(&self.name));
+        if let Err(e) = self.master.parse::<Addr>() {
+            v.add(format!("{key}.master"), e.to_string());
+        }
+        if self.quorum == 0 || self.quorum as usize > daemons {
+            v.add(
+                format!("{key}.quorum"),
+                format!("must be between 1 and {daemons} (the number of daemons)"),
+            );
+        }
+        v.positive(format!("{key}.down_after"), self.down_after);
+        if self.failover_timeout <= self.down_after {
+            v.add(
+                format!("{key}.failover_timeout"),
+                format!(
+                    "must be longer than down_after ({})",
+                    humantime::format_duration(self.down_after)
+                ),
+            );
+        }
+        if self.parallel_syncs == 0 {
+            v.add(format!("{key}.parallel_syncs"), "must be at least 1");
+        }
+        if let Some(user) = &self.username {
+            if user.is_empty() {
+                v.add(
+                    format!("{key}.username"),
+                    "must not be empty (omit it for the default user)",
+                );
+            } else if self.password_file.is_none() {
+                v.add(
+                    format!("{key}.password_file"),
+                    "is required when username is set",
+                );
+            }
+        }
+        if let Some(f) = &self.password_file {
+            v.file(format!("{key}.password_file"), f);
+        }
+        if let Some(tls) = &self.tls {
+            tls.validate(&format!("{key}.tls"), v);
+        }
+        if self.admin_port == Some(0) {
+            v.add(format!("{key}.admin_port"), "must not be 0");
+        }
+        for (j, d) in self.discovery.iter().enumerate() {
+            d.validate(&format!("{key}.discovery[{j}]"), v);
+        }
+    }
+}
+
+impl TlsConfig {
+    fn validate(&self, key: &str, v: &mut Problems) {
+        for (name, file) in [
+            ("ca_file", &self.ca_file),
+            ("cert_file", &self.cert_file),
+            ("key_file", &self.key_file),
+        ] {
+            if let Some(f) = file {
+                v.file(format!("{key}.{name}"), f);
+            }
+        }
+        match (&self.cert_file, &self.key_file) {
+            (Some(_), None) => v.add(
+                format!("{key}.key_file"),
+                "is required when cert_file is set",
+            ),
+            (None, Some(_)) => v.add(
+                format!("{key}.cert_file"),
+                "is required when key_file is set",
+            ),
+            _ => {}
+        }
+        if self.server_name.as_deref() == Some("") {
+            v.add(
+                format!("{key}.server_name"),
+                "must not be empty (omit it to verify the host name)",
+            );
+        }
+    }
+}
+
+impl DiscoveryConfig {
+    fn validate(&self, key: &str, v: &mut Problems) {
+        match self {
+            DiscoveryConfig::Kubernetes(k) => k.validate(key, v),
+            DiscoveryConfig::Exec(e) => {
+                match e.command.first() {
+                    None => v.add(
+                        format!("{key}.command"),
+                        "must name the program to run, e.g. [\"/usr/local/bin/reconfigure\"]",
+                    ),
+                    Some(program) if program.is_empty() => v.add(
+                        format!("{key}.command[0]"),
+                        "must not be empty (it is the program to run)",
+                    ),
+                    Some(_) => {}
+                }
+                v.positive(format!("{key}.timeout"), e.timeout);
+            }
+            DiscoveryConfig::Webhook(w) => {
+                let rest = w
+                    .url
+                    .strip_prefix("https://")
+                    .or_else(|| w.url.strip_prefix("http://"));
+                match rest {
+                    None => v.add(
+                        format!("{key}.url"),
+                        format!("{:?} must start with http:// or https://", w.url),
+                    ),
+                    Some(r) if r.is_empty() || r.starts_with('/') => {
+                        v.add(format!("{key}.url"), format!("{:?} has no host", w.url))
+                    }
+                    Some(_) => {}
+                }
+                for (name, file) in [
+                    ("token_file", &w.token_file),
+                    ("hmac_key_file", &w.hmac_key_file),
+                    ("ca_file", &w.ca_file),
+                ] {
+                    if let Some(f) = file {
+                        v.file(format!("{key}.{name}"), f);
+                    }
+                }
+                v.positive(format!("{key}.timeout"), w.timeout);
+            }
+            DiscoveryConfig::File(f) => {
+                let key = format!("{key}.path");
+                if f.path.as_os_str().is_empty() {
+                    v.add(key, "must not be empty");
+                } else if f.path.is_dir() {
+                    v.add(
+                        key,
+                        format!(
+                            "{} is a directory; name the JSON file to write",
+                            f.path.display()
+                        ),
+                    );
+                } else {
+                    let dir = f
+                        .path
+                        .parent()
+                        .filter(|p| !p.as_os_str().is_empty())
+                        .unwrap_or(Path::new("."));
+                    if !dir.is_dir() {
+                        v.add(key, format!("directory {} does not exist", dir.display()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl KubernetesConfig {
+    fn validate(&self, key: &str, v: &mut Problems) {
+        if let Some(f) = &self.kubeconfig {
+            v.file(format!("{key}.kubeconfig"), f);
+        }
+        if self.context.as_deref() == Some("") {
+            v.add(
+                format!("{key}.context"),
+                "must not be empty (omit it to use current-context)",
+            );
+        }
+        v.check(
+            format!("{key}.namespace"),
+            dns_label_problem(&self.namespace, false),
+        );
+        match self.mode {
+            KubernetesMode::PodLabels => match self.pod_selector.as_deref() {
+                None => v.add(
+                    format!("{key}.pod_selector"),
+                    "is required when mode is \"pod-labels\"",
+                ),
+                Some(s) if s.trim().is_empty() => {
+                    v.add(format!("{key}.pod_selector"), "must not be empty")
+                }
+                Some(_) => {}
+            },
+            KubernetesMode::Endpointslice => {
+                match self.service.as_deref() {
+                    None => v.add(
+                        format!("{key}.service"),
+                        "is required when mode is \"endpointslice\"",
+                    ),
+                    Some(s) => v.check(format!("{key}.service"), dns_label_problem(s, true)),
+                }
+                v.check(
+                    format!("{key}.port_name"),
+                    dns_label_problem(&self.port_name, false),
+                );
+            }
+        }
+        v.check(
+            format!("{key}.role_label"),
+            label_key_problem(&self.role_label),
+        );
+        v.check(
+            format!("{key}.master_value"),
+            label_value_problem(&self.master_value),
+        );
+        v.check(
+            format!("{key}.replica_value"),
+            label_value_problem(&self.replica_value),
+        );
+        if self.master_value == self.replica_value {
+            v.add(
+                format!("{key}.replica_value"),
+                "must differ from master_value",
+            );
+        }
+        v.positive(format!("{key}.timeout"), self.timeout);
+    }
+}
+
+/// Why `path` cannot be read now, if it cannot.
+fn file_problem(path: &Path) -> Option<String> {
+    if path.as_os_str().is_empty() {
+        return Some("must not be empty".to_string());
+    }
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Some(format!("{} does not exist", path.display()))
+        }
+        Err(e) => Some(format!("cannot access {}: {e}", path.display())),
+        Ok(m) if m.is_dir() => Some(format!("{} is a directory, not a file", path.display())),
+        Ok(_) => std::fs::File::open(path)
+            .err()
+            .map(|e| format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+/// `daemon.id`: it appears in logs, metrics and the peer protocol.
+fn id_problem(id: &str) -> Option<String> {
+    if id.is_empty() {
+        return Some("must not be empty (omit it to generate one)".to_string());
+    }
+    // The character check comes first so that the length below is in
+    // ASCII characters.
+    if let Some(c) = id.chars().find(|c| !is_name_char(*c)) {
+        return Some(format!(
+            "{id:?} contains {c:?}; only letters, digits, '.', '_' and '-' are allowed"
+        ));
+    }
+    (id.len() > 64).then(|| format!("is {} characters long; at most 64 are allowed", id.len()))
+}
+
+/// A group name is a pub/sub channel suffix and a Kubernetes label value,
+/// so it must satisfy the stricter of the two: a label value.
+fn group_name_problem(name: &str) -> Option<String> {
+    label_value_problem(name).map(|r| format!("group name {r}"))
+}
+
+/// A Kubernetes label value (or the name part of a label key): at most 63
+/// characters of `[A-Za-z0-9._-]`, starting and ending alphanumeric. Empty
+/// is legal in Kubernetes but useless here.
+fn label_value_problem(s: &str) -> Option<String> {
+    if s.is_empty() {
+        return Some("must not be empty".to_string());
+    }
+    if let Some(c) = s.chars().find(|c| !is_name_char(*c)) {
+        return Some(format!(
+            "{s:?} contains {c:?}; only letters, digits, '.', '_' and '-' are allowed"
+        ));
+    }
+    if s.len() > 63 {
+        return Some(format!(
+            "{s:?} is {} characters long; at most 63 are allowed (a Kubernetes label value)",
+            s.len()
+        ));
+    }
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    if !alnum(s.chars().next()) || !alnum(s.chars().last()) {
+        return Some(format!("{s:?} must start and end with a letter or digit"));
+    }
+    None
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name.
+fn label_key_problem(s: &str) -> Option<String> {
+    match s.rsplit_once('/') {
+        None => label_value_problem(s),
+        Some((prefix, name)) => {
+            let bad_prefix = prefix.is_empty()
+                || prefix.len() > 253
+                || prefix
+                    .split('.')
+                    .any(|l| dns_label_problem(l, false).is_some());
+            if bad_prefix {
+                Some(format!(
+                    "{s:?} has an invalid prefix; it must be a DNS subdomain such as example.com"
+                ))
+            } else {
+                label_value_problem(name)
+            }
+        }
+    }
+}
+
+/// An RFC 1123 DNS label (namespaces, port names), or with `rfc1035` one that
+/// must also start with a letter (Service names).
+fn dns_label_problem(s: &str, rfc1035: bool) -> Option<String> {
+    if s.is_empty() {
+        return Some("must not be empty".to_string());
+    }
+    let valid = s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && (!rfc1035 || s.starts_with(|c: char| c.is_ascii_lowercase()));
+    (!valid).then(|| {
+        format!(
+            "{s:?} is not a valid DNS label: at most 63 lowercase letters, digits and '-', \
+             starting with a {} and ending with a letter or digit",
+            if rfc1035 { "letter" } else { "letter or digit" }
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parent_key_climbs_tables_and_arrays() {
+        assert_eq!(parent_key("group[0].tls.ca_file"), "group[0].tls");
+        assert_eq!(parent_key("group[0].tls"), "group[0]");
+        assert_eq!(parent_key("group[0]"), "group");
+        assert_eq!(parent_key("daemon.peers[1]"), "daemon.peers");
+        assert_eq!(parent_key("daemon"), "");
+    }
+
+    #[test]
+    fn absent_keys_fall_back_to_their_table_header() {
+        let text = "# c\n[daemon]\nlisten = \"x\"\n\n[[group]]\nname = \"a\"\n\n[[group]]\nname = \"b\"\ntls = { ca_file = \"f\" }\n";
+        let tree = DeTable::parse(text).unwrap();
+        let index = SpanIndex::new(text, tree.get_ref());
+        assert_eq!(index.line_of_key("daemon.listen"), Some(3));
+        assert_eq!(index.line_of_key("daemon.peers[0]"), Some(2));
+        assert_eq!(index.line_of_key("group[0].quorum"), Some(5));
+        assert_eq!(index.line_of_key("group[1].quorum"), Some(8));
+        assert_eq!(index.line_of_key("group[1].tls.cert_file"), Some(10));
+        assert_eq!(index.line_of_key("nothing"), None);
+    }
+
+    #[test]
+    fn kubernetes_names() {
+        assert_eq!(dns_label_problem("cache-1", false), None);
+        assert!(dns_label_problem("Cache", false).is_some());
+        assert!(dns_label_problem("-cache", false).is_some());
+        assert!(dns_label_problem(&"a".repeat(64), false).is_some());
+        assert_eq!(dns_label_problem("1cache", false), None);
+        assert!(dns_label_problem("1cache", true).is_some());
+        assert_eq!(label_key_problem("role"), None);
+        assert_eq!(label_key_problem("picket.example.com/role"), None);
+        assert!(label_key_problem("/role").is_some());
+        assert!(label_key_problem("Example.com/role").is_some());
+        assert!(label_key_problem("example.com/").is_some());
+        assert_eq!(label_value_problem("Cache_1.a"), None);
+        assert!(label_value_problem("cache.").is_some());
+        assert_eq!(label_value_problem(&"a".repeat(63)), None);
+        assert!(label_value_problem(&"a".repeat(64)).is_some());
+    }
+
+    #[test]
+    fn daemon_ids() {
+        assert_eq!(id_problem("picket-a_1.x"), None);
+        assert_eq!(id_problem(&"a".repeat(64)), None);
+        assert!(id_problem(&"a".repeat(65)).is_some());
+        assert!(id_problem("a/b").is_some());
+        assert!(id_problem("").is_some());
+    }
+
+    #[test]
+    fn messages_are_kept_on_one_line() {
+        assert_eq!(one_line("a\n  b\tc"), "a b c");
+        assert_eq!(missing_field("missing field `master`"), Some("master"));
+        assert_eq!(missing_field("invalid type"), None);
+    }
 }
