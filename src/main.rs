@@ -1,3 +1,188 @@
 //! The `picket` binary: command-line parsing only; everything else is in the library.
 
-fn main() {}
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use picket::config::{self, Config, EX_USAGE, LogFormat};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(name = "picket", version, about = "Sentinel-style high availability for Dragonfly, Redis and Valkey")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon.
+    Run {
+        /// Configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a configuration file and print a summary.
+    CheckConfig {
+        /// Configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Print groups, masters, replicas and peers of a running daemon.
+    Status {
+        /// HTTP address of the daemon (its `http_listen`).
+        #[arg(long, default_value = "127.0.0.1:9479")]
+        addr: String,
+        /// Print the raw JSON of /v1/status.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Planned switchover of a group to a replica (the best one by default).
+    Failover {
+        /// The group.
+        group: String,
+        /// The replica to promote.
+        #[arg(long)]
+        to: Option<String>,
+        /// RESP address of the daemon (its `listen`).
+        #[arg(long, default_value = "127.0.0.1:26379")]
+        addr: String,
+        /// File with the daemon password, when one is set.
+        #[arg(long)]
+        password_file: Option<PathBuf>,
+    },
+}
+
+fn load_or_exit(path: &std::path::Path) -> Result<Config, ExitCode> {
+    match config::load(path) {
+        Ok(c) => Ok(c),
+        Err(e) => {
+            eprintln!("{e}");
+            Err(ExitCode::from(EX_USAGE as u8))
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn shutdown_signal(token: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    token.cancel();
+}
+
+async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
+    let cfg = match load_or_exit(&path) {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    init_logging(cfg.daemon.log_format);
+    let shutdown = CancellationToken::new();
+    let running = picket::start(cfg).await.context("cannot start")?;
+    tokio::spawn(shutdown_signal(shutdown.clone()));
+    running.wait(shutdown).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn status(addr: &str, json: bool) -> anyhow::Result<ExitCode> {
+    picket::tls::install_crypto_provider();
+    let url = format!("http://{addr}/v1/status");
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(5))
+        .no_proxy()
+        .build()?;
+    let body = client
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {url}"))?
+        .error_for_status()?
+        .text()
+        .await?;
+    if json {
+        println!("{body}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).context("invalid status JSON")?;
+    print!("{}", picket::status_table::render(&v));
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn failover(
+    group: &str,
+    to: Option<&str>,
+    addr: &str,
+    password_file: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    let password = match password_file {
+        Some(p) => Some(config::read_secret(p).with_context(|| p.display().to_string())?),
+        None => None,
+    };
+    let opts = picket::resp::ClientOptions {
+        password,
+        command_timeout: std::time::Duration::from_secs(30),
+        ..Default::default()
+    };
+    let mut conn = picket::resp::Connection::connect(addr, &opts)
+        .await
+        .with_context(|| format!("cannot reach picket at {addr}"))?;
+    let mut args = vec!["PICKET", "FAILOVER", group];
+    if let Some(t) = to {
+        args.push(t);
+    }
+    match conn.call(&args).await {
+        Ok(_) => {
+            println!("switchover of {group} started; follow it with `picket status`");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("switchover refused: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { config } => run(config).await,
+        Command::CheckConfig { config } => match load_or_exit(&config) {
+            Ok(c) => {
+                print!("{}", c.summary());
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(code) => Ok(code),
+        },
+        Command::Status { addr, json } => status(&addr, json).await,
+        Command::Failover {
+            group,
+            to,
+            addr,
+            password_file,
+        } => failover(&group, to.as_deref(), &addr, password_file.as_deref()).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("picket: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
