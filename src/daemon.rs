@@ -58,10 +58,10 @@ impl PeerTable {
     /// membership is static).
     pub fn record_hello(&self, hello: &Hello, now: Instant) -> bool {
         let mut g = self.lock();
-        let idx = g
-            .iter()
-            .position(|e| e.addr == hello.addr)
-            .or_else(|| g.iter().position(|e| e.id.as_deref() == Some(hello.id.as_str())));
+        let idx = g.iter().position(|e| e.addr == hello.addr).or_else(|| {
+            g.iter()
+                .position(|e| e.id.as_deref() == Some(hello.id.as_str()))
+        });
         match idx {
             Some(i) => {
                 let e = &mut g[i];
@@ -90,7 +90,9 @@ impl PeerTable {
     /// Refresh the peer-up gauges.
     pub fn export_metrics(&self, now: Instant, ttl: Duration) {
         for e in self.lock().iter() {
-            let up = e.last_seen.is_some_and(|t| now.saturating_duration_since(t) <= ttl);
+            let up = e
+                .last_seen
+                .is_some_and(|t| now.saturating_duration_since(t) <= ttl);
             metrics::gauge!(m::PEER_UP, "peer" => e.addr.clone()).set(if up { 1.0 } else { 0.0 });
         }
     }
@@ -174,9 +176,31 @@ pub struct DaemonCtx {
     pub tilt: Tilt,
     /// Password required on `listen` (and sent to peers).
     pub password: Option<String>,
+    /// `SENTINEL SIMULATE-FAILURE` flags ([`CRASH_AFTER_ELECTION`],
+    /// [`CRASH_AFTER_PROMOTION`]): crash tests make the leader exit at the
+    /// worst moments.
+    pub simulate_failure: std::sync::atomic::AtomicU8,
 }
 
+/// Exit right after winning an election.
+pub const CRASH_AFTER_ELECTION: u8 = 1;
+/// Exit right after the promotion step succeeded.
+pub const CRASH_AFTER_PROMOTION: u8 = 2;
+
 impl DaemonCtx {
+    /// Exit the process (code 99, like Sentinel) if `flag` is set.
+    pub fn maybe_crash(&self, flag: u8, what: &str) {
+        if self
+            .simulate_failure
+            .load(std::sync::atomic::Ordering::SeqCst)
+            & flag
+            != 0
+        {
+            tracing::warn!("simulated failure: exiting {what}");
+            std::process::exit(99);
+        }
+    }
+
     /// Number of daemons in the quorum (peers + self).
     pub fn daemons(&self) -> usize {
         self.peers.len() + 1
@@ -287,6 +311,9 @@ pub async fn run_hello(daemon: Arc<Daemon>, cancel: tokio_util::sync::Cancellati
                 }
             });
         }
-        daemon.ctx.peer_table.export_metrics(Instant::now(), Duration::from_secs(3));
+        daemon
+            .ctx
+            .peer_table
+            .export_metrics(Instant::now(), Duration::from_secs(3));
     }
 }

@@ -53,7 +53,11 @@ async fn metrics_handler(State(d): State<Arc<Daemon>>) -> Response {
             h.render(),
         )
             .into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "metrics recorder not installed\n").into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics recorder not installed\n",
+        )
+            .into_response(),
     }
 }
 

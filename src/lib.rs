@@ -24,13 +24,13 @@ pub mod discovery;
 pub mod events;
 pub mod failover;
 pub mod group;
+pub mod http;
 pub mod metrics;
 pub mod probe;
 pub mod quorum;
 pub mod resp;
 pub mod status_table;
 pub mod tls;
-pub mod http;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,7 +99,10 @@ impl Running {
         tracing::info!("shutting down");
         self.cancel.cancel();
         self.tasks.close();
-        if tokio::time::timeout(SHUTDOWN_GRACE, self.tasks.wait()).await.is_err() {
+        if tokio::time::timeout(SHUTDOWN_GRACE, self.tasks.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!("some tasks did not stop within {SHUTDOWN_GRACE:?}");
         }
     }
@@ -117,7 +120,10 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         })?),
         None => None,
     };
-    let state = Arc::new(StateStore::open(&config.daemon.data_dir, config.daemon.id.as_deref())?);
+    let state = Arc::new(StateStore::open(
+        &config.daemon.data_dir,
+        config.daemon.id.as_deref(),
+    )?);
     let resp = TcpListener::bind(&config.daemon.listen)
         .await
         .map_err(|source| RunError::Bind {
@@ -146,7 +152,13 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         .daemon
         .peers
         .iter()
-        .map(|p| PeerLink::spawn(p.clone(), peer_client_options(password.clone(), peer_timeout), cancel.clone()))
+        .map(|p| {
+            PeerLink::spawn(
+                p.clone(),
+                peer_client_options(password.clone(), peer_timeout),
+                cancel.clone(),
+            )
+        })
         .collect();
     let announce = match &config.daemon.announce {
         Some(a) => a.clone(),
@@ -164,6 +176,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         hello_now: tokio::sync::Notify::new(),
         tilt: Tilt::new(events),
         password,
+        simulate_failure: Default::default(),
     });
     let max_clients = config.daemon.max_clients;
     let daemon = Arc::new(Daemon {
@@ -180,9 +193,11 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
             reason,
         })?;
         let runner = Arc::new(discovery::runner::DiscoveryRunner::new(backends));
-        let handle = group::spawn(g.clone(), ctx.clone(), runner, &cancel).map_err(|reason| RunError::Group {
-            group: g.name.clone(),
-            reason,
+        let handle = group::spawn(g.clone(), ctx.clone(), runner, &cancel).map_err(|reason| {
+            RunError::Group {
+                group: g.name.clone(),
+                reason,
+            }
         })?;
         daemon
             .groups
@@ -191,9 +206,16 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
             .insert(g.name.clone(), handle);
     }
     tasks.spawn(daemon::run_hello(daemon.clone(), cancel.clone()));
-    tasks.spawn(api::serve(resp, daemon.clone(), max_clients, cancel.clone()));
+    tasks.spawn(api::serve(
+        resp,
+        daemon.clone(),
+        max_clients,
+        cancel.clone(),
+    ));
     tasks.spawn(http::serve(http, daemon.clone(), cancel.clone()));
-    daemon.ready.store(true, std::sync::atomic::Ordering::Release);
+    daemon
+        .ready
+        .store(true, std::sync::atomic::Ordering::Release);
     tracing::info!(%id, resp = %resp_addr, http = %http_addr, groups = config.groups.len(), peers = config.daemon.peers.len(), "picket started");
     Ok(Running {
         daemon,

@@ -9,7 +9,11 @@ use picket::config::{self, Config, EX_USAGE, LogFormat};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(name = "picket", version, about = "Sentinel-style high availability for Dragonfly, Redis and Valkey")]
+#[command(
+    name = "picket",
+    version,
+    about = "Sentinel-style high availability for Dragonfly, Redis and Valkey"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -67,7 +71,9 @@ fn load_or_exit(path: &std::path::Path) -> Result<Config, ExitCode> {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
@@ -76,7 +82,10 @@ fn init_logging(format: LogFormat) {
 
 async fn shutdown_signal(token: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         tracing::error!("cannot install signal handlers");
         return;
     };

@@ -59,19 +59,34 @@ pub const BUCKETS: &[f64] = &[
 
 /// Describe every metric (help texts) on the installed recorder.
 pub fn describe() {
-    describe_gauge!(INSTANCE_UP, "1 when this daemon does not see the instance down (SDOWN)");
+    describe_gauge!(
+        INSTANCE_UP,
+        "1 when this daemon does not see the instance down (SDOWN)"
+    );
     describe_gauge!(INSTANCE_ROLE, "1 for the role the instance last reported");
-    describe_gauge!(INFO_AGE, "Seconds since the last INFO reply of the instance");
+    describe_gauge!(
+        INFO_AGE,
+        "Seconds since the last INFO reply of the instance"
+    );
     describe_histogram!(PROBE_DURATION, "Round-trip time of PING and INFO probes");
     describe_counter!(PROBE_ERRORS, "Failed probes, by kind of failure");
-    describe_gauge!(GROUP_MASTER, "1 for the instance this daemon advertises as master");
+    describe_gauge!(
+        GROUP_MASTER,
+        "1 for the instance this daemon advertises as master"
+    );
     describe_gauge!(CONFIG_EPOCH, "Config epoch of the group's current master");
     describe_gauge!(CURRENT_EPOCH, "This daemon's current epoch");
     describe_gauge!(MASTER_SDOWN, "1 while this daemon sees the master down");
     describe_gauge!(MASTER_ODOWN, "1 while the quorum sees the master down");
-    describe_gauge!(QUORUM_REACHABLE, "1 when enough daemons are reachable to authorise a failover");
+    describe_gauge!(
+        QUORUM_REACHABLE,
+        "1 when enough daemons are reachable to authorise a failover"
+    );
     describe_counter!(FAILOVERS, "Failovers led by this daemon, by result");
-    describe_histogram!(FAILOVER_DURATION, "Time from the election to the publication of the new master");
+    describe_histogram!(
+        FAILOVER_DURATION,
+        "Time from the election to the publication of the new master"
+    );
     describe_counter!(ELECTIONS, "Elections started by this daemon, by result");
     describe_counter!(VOTES_GRANTED, "Votes this daemon granted to a candidate");
     describe_gauge!(PEER_UP, "1 when the peer daemon answered recently");
@@ -79,9 +94,18 @@ pub fn describe() {
     describe_gauge!(TILT, "1 while stall protection (TILT) is active");
     describe_counter!(TILTS, "Stalls of the daemon's own timer detected");
     describe_gauge!(API_CLIENTS, "Connected clients on the RESP listener");
-    describe_counter!(API_REJECTED, "Client connections refused or closed for a limit");
-    describe_counter!(DISCOVERY_WRITES, "Writes to service-discovery backends, by result");
-    describe_histogram!(DISCOVERY_WRITE_DURATION, "Latency of writes to service-discovery backends");
+    describe_counter!(
+        API_REJECTED,
+        "Client connections refused or closed for a limit"
+    );
+    describe_counter!(
+        DISCOVERY_WRITES,
+        "Writes to service-discovery backends, by result"
+    );
+    describe_histogram!(
+        DISCOVERY_WRITE_DURATION,
+        "Latency of writes to service-discovery backends"
+    );
 }
 
 /// Install the Prometheus recorder for this process and describe the metrics.

@@ -29,7 +29,11 @@ pub fn render(v: &Value) -> String {
         s(&v["id"]),
         s(&v["announce"]),
         s(&v["current_epoch"]),
-        if v["tilt"].as_bool() == Some(true) { "  TILT" } else { "" }
+        if v["tilt"].as_bool() == Some(true) {
+            "  TILT"
+        } else {
+            ""
+        }
     );
     let empty = Vec::new();
     for g in v["groups"].as_array().unwrap_or(&empty) {
@@ -52,7 +56,7 @@ pub fn render(v: &Value) -> String {
                 out,
                 "  {} in progress: epoch {} state {} candidate {}",
                 s(&f["kind"]),
-                s(&Value::from(f.get("epoch").cloned().unwrap_or_default())),
+                s(&f.get("epoch").cloned().unwrap_or_default()),
                 s(&f.get("state").cloned().unwrap_or_default()),
                 s(&f.get("candidate").cloned().unwrap_or_default())
             );
@@ -69,25 +73,40 @@ pub fn render(v: &Value) -> String {
         }
         let _ = writeln!(
             out,
-            "  {:<22} {:<8} {:<8} {:<10} {:>12} {:>9} {:>9}  {}",
-            "INSTANCE", "ROLE", "STATE", "FLAVOUR", "OFFSET", "LAST-OK", "INFO-AGE", "NOTE"
+            "  {:<22} {:<8} {:<8} {:<10} {:>12} {:>9} {:>9}  NOTE",
+            "INSTANCE", "ROLE", "STATE", "FLAVOUR", "OFFSET", "LAST-OK", "INFO-AGE"
         );
         for i in g["instances"].as_array().unwrap_or(&empty) {
-            let state = if i["sdown"].as_bool() == Some(true) { "DOWN" } else { "up" };
+            let state = if i["sdown"].as_bool() == Some(true) {
+                "DOWN"
+            } else {
+                "up"
+            };
             let role = format!(
                 "{}{}",
                 s(&i["role"]),
-                if i["is_master"].as_bool() == Some(true) { "*" } else { "" }
-            );
-            let note = i["last_error"].as_str().map(str::to_string).unwrap_or_else(|| {
-                match (i["master_host"].as_str(), i["master_port"].as_u64()) {
-                    (Some(h), Some(p)) => format!(
-                        "replicates {h}:{p} link {}",
-                        if i["master_link_up"].as_bool() == Some(true) { "up" } else { "down" }
-                    ),
-                    _ => String::new(),
+                if i["is_master"].as_bool() == Some(true) {
+                    "*"
+                } else {
+                    ""
                 }
-            });
+            );
+            let note = i["last_error"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(
+                    || match (i["master_host"].as_str(), i["master_port"].as_u64()) {
+                        (Some(h), Some(p)) => format!(
+                            "replicates {h}:{p} link {}",
+                            if i["master_link_up"].as_bool() == Some(true) {
+                                "up"
+                            } else {
+                                "down"
+                            }
+                        ),
+                        _ => String::new(),
+                    },
+                );
             let _ = writeln!(
                 out,
                 "  {:<22} {:<8} {:<8} {:<10} {:>12} {:>9} {:>9}  {}",
@@ -103,16 +122,28 @@ pub fn render(v: &Value) -> String {
         }
         let peers = g["peers"].as_array().unwrap_or(&empty);
         if !peers.is_empty() {
-            let _ = writeln!(out, "  {:<22} {:<10} {:>9} {:>12}  {}", "PEER", "REACHABLE", "LAST", "CONFIG-EPOCH", "SEES-MASTER-DOWN");
+            let _ = writeln!(
+                out,
+                "  {:<22} {:<10} {:>9} {:>12}  SEES-MASTER-DOWN",
+                "PEER", "REACHABLE", "LAST", "CONFIG-EPOCH"
+            );
             for p in peers {
                 let _ = writeln!(
                     out,
                     "  {:<22} {:<10} {:>9} {:>12}  {}",
                     s(&p["addr"]),
-                    if p["reachable"].as_bool() == Some(true) { "yes" } else { "NO" },
+                    if p["reachable"].as_bool() == Some(true) {
+                        "yes"
+                    } else {
+                        "NO"
+                    },
                     age(&p["last_hello_ms"]),
                     s(&p["config_epoch"]),
-                    if p["sees_master_down"].as_bool() == Some(true) { "yes" } else { "no" }
+                    if p["sees_master_down"].as_bool() == Some(true) {
+                        "yes"
+                    } else {
+                        "no"
+                    }
                 );
             }
         }
@@ -143,7 +174,10 @@ mod tests {
             }]
         });
         let t = render(&v);
-        assert!(t.contains("group cache  master 127.0.0.2:6379  config-epoch 2  status ok"), "{t}");
+        assert!(
+            t.contains("group cache  master 127.0.0.2:6379  config-epoch 2  status ok"),
+            "{t}"
+        );
         assert!(t.contains("master*"), "{t}");
         assert!(t.contains("DOWN"), "{t}");
         assert!(t.contains("connection refused"), "{t}");

@@ -13,7 +13,10 @@ fn text(b: &Bytes) -> String {
 }
 
 fn arity(cmd: &str) -> Reply {
-    Reply::err(format!("ERR wrong number of arguments for '{}' command", cmd.to_lowercase()))
+    Reply::err(format!(
+        "ERR wrong number of arguments for '{}' command",
+        cmd.to_lowercase()
+    ))
 }
 
 /// Run one command.
@@ -44,7 +47,10 @@ pub async fn dispatch(d: &Daemon, conn: &mut Conn, args: Vec<Bytes>) -> Reply {
         _ => Reply::err(format!(
             "ERR unknown command '{}', with args beginning with: {}",
             text(&args[0]),
-            rest.iter().take(3).map(|a| format!("'{a}' ")).collect::<String>()
+            rest.iter()
+                .take(3)
+                .map(|a| format!("'{a}' "))
+                .collect::<String>()
         )),
     }
 }
@@ -65,7 +71,9 @@ fn auth(d: &Daemon, conn: &mut Conn, rest: &[String]) -> Reply {
     let pw = match rest {
         [pw] => pw,
         [user, pw] if user == "default" => pw,
-        [_, _] => return Reply::err("WRONGPASS invalid username-password pair or user is disabled."),
+        [_, _] => {
+            return Reply::err("WRONGPASS invalid username-password pair or user is disabled.");
+        }
         _ => return arity("auth"),
     };
     if d.ctx.password.is_none() {
@@ -109,7 +117,9 @@ fn hello(d: &Daemon, conn: &mut Conn, rest: &[String]) -> Reply {
         }
     }
     if !conn.authed {
-        return Reply::err("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+        return Reply::err(
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+        );
     }
     conn.resp3 = proto == 3;
     Reply::map_str(vec![
@@ -136,7 +146,14 @@ async fn picket(d: &Daemon, rest: &[String]) -> Reply {
                 return Reply::err(format!("ERR No such master with that name: {}", q.group));
             };
             let (tx, rx) = tokio::sync::oneshot::channel();
-            if h.tx.send(GroupMsg::IsDown { query: q, reply: tx }).await.is_err() {
+            if h.tx
+                .send(GroupMsg::IsDown {
+                    query: q,
+                    reply: tx,
+                })
+                .await
+                .is_err()
+            {
                 return Reply::err("ERR group task stopped");
             }
             match rx.await {
@@ -150,7 +167,9 @@ async fn picket(d: &Daemon, rest: &[String]) -> Reply {
             }
         }
         "HELLO" => {
-            let [_, json] = rest else { return arity("picket|hello") };
+            let [_, json] = rest else {
+                return arity("picket|hello");
+            };
             let hello: Hello = match serde_json::from_str(json) {
                 Ok(h) => h,
                 Err(e) => return Reply::err(format!("ERR invalid hello: {e}")),
@@ -183,7 +202,11 @@ async fn switchover(d: &Daemon, group: &str, to: Option<Addr>) -> Reply {
         return Reply::err("ERR No such master with that name");
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
-    if h.tx.send(GroupMsg::Switchover { to, reply: tx }).await.is_err() {
+    if h.tx
+        .send(GroupMsg::Switchover { to, reply: tx })
+        .await
+        .is_err()
+    {
         return Reply::err("ERR group task stopped");
     }
     match rx.await {
@@ -199,22 +222,31 @@ async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
     };
     match sub.to_uppercase().as_str() {
         "GET-MASTER-ADDR-BY-NAME" | "GET-PRIMARY-ADDR-BY-NAME" => {
-            let [_, name] = rest else { return arity("sentinel|get-master-addr-by-name") };
+            let [_, name] = rest else {
+                return arity("sentinel|get-master-addr-by-name");
+            };
             match d.group(name) {
                 Some(h) => {
                     let v = h.view.borrow().clone();
-                    Reply::Array(vec![Reply::bulk(&v.master.host), Reply::bulk(v.master.port.to_string())])
+                    Reply::Array(vec![
+                        Reply::bulk(&v.master.host),
+                        Reply::bulk(v.master.port.to_string()),
+                    ])
                 }
                 None => Reply::NullArray,
             }
         }
         "MYID" => Reply::bulk(&d.ctx.id),
         "FAILOVER" => {
-            let [_, name] = rest else { return arity("sentinel|failover") };
+            let [_, name] = rest else {
+                return arity("sentinel|failover");
+            };
             switchover(d, name, None).await
         }
         "RESET" => {
-            let [_, pattern] = rest else { return arity("sentinel|reset") };
+            let [_, pattern] = rest else {
+                return arity("sentinel|reset");
+            };
             let mut n = 0;
             for v in d.views() {
                 if glob_match(pattern, &v.name) {
@@ -226,7 +258,9 @@ async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
             }
             Reply::Int(n)
         }
-        _ => Reply::err(format!("ERR unknown subcommand '{sub}'. Try SENTINEL HELP.")),
+        _ => Reply::err(format!(
+            "ERR unknown subcommand '{sub}'. Try SENTINEL HELP."
+        )),
     }
 }
 

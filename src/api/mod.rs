@@ -50,7 +50,12 @@ pub struct Conn {
 }
 
 /// Serve the RESP listener until `cancel`.
-pub async fn serve(listener: TcpListener, daemon: Arc<Daemon>, max_clients: usize, cancel: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    daemon: Arc<Daemon>,
+    max_clients: usize,
+    cancel: CancellationToken,
+) {
     let slots = Arc::new(Semaphore::new(max_clients));
     loop {
         let accepted = tokio::select! {
@@ -69,7 +74,9 @@ pub async fn serve(listener: TcpListener, daemon: Arc<Daemon>, max_clients: usiz
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             metrics::counter!(m::API_REJECTED, "reason" => "max_clients").increment(1);
             tokio::spawn(async move {
-                let _ = sock.write_all(b"-ERR max number of clients reached\r\n").await;
+                let _ = sock
+                    .write_all(b"-ERR max number of clients reached\r\n")
+                    .await;
             });
             continue;
         };
@@ -132,7 +139,10 @@ async fn handle(sock: TcpStream, peer: String, daemon: Arc<Daemon>) {
             Err(RespError::FrameTooLarge { limit }) => {
                 metrics::counter!(m::API_REJECTED, "reason" => "frame_too_large").increment(1);
                 let _ = wr
-                    .write_all(format!("-ERR Protocol error: request larger than {limit} bytes\r\n").as_bytes())
+                    .write_all(
+                        format!("-ERR Protocol error: request larger than {limit} bytes\r\n")
+                            .as_bytes(),
+                    )
                     .await;
                 return;
             }
@@ -140,7 +150,13 @@ async fn handle(sock: TcpStream, peer: String, daemon: Arc<Daemon>) {
                 // The stream is out of sync after a decode error.
                 metrics::counter!(m::API_REJECTED, "reason" => "protocol").increment(1);
                 let _ = wr
-                    .write_all(format!("-ERR Protocol error: {}\r\n", e.to_string().replace(['\r', '\n'], " ")).as_bytes())
+                    .write_all(
+                        format!(
+                            "-ERR Protocol error: {}\r\n",
+                            e.to_string().replace(['\r', '\n'], " ")
+                        )
+                        .as_bytes(),
+                    )
                     .await;
                 return;
             }

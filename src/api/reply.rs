@@ -49,7 +49,12 @@ impl Reply {
 
     /// A map with string keys.
     pub fn map_str(pairs: Vec<(&str, Reply)>) -> Reply {
-        Reply::Map(pairs.into_iter().map(|(k, v)| (Reply::bulk(k), v)).collect())
+        Reply::Map(
+            pairs
+                .into_iter()
+                .map(|(k, v)| (Reply::bulk(k), v))
+                .collect(),
+        )
     }
 
     /// Encode into `buf`.
@@ -140,8 +145,14 @@ mod tests {
     #[test]
     fn encodes_both_protocols() {
         let m = Reply::map_str(vec![("name", Reply::bulk("g")), ("port", Reply::bulk("1"))]);
-        assert_eq!(enc(&m, false), b"*4\r\n$4\r\nname\r\n$1\r\ng\r\n$4\r\nport\r\n$1\r\n1\r\n");
-        assert_eq!(enc(&m, true), b"%2\r\n$4\r\nname\r\n$1\r\ng\r\n$4\r\nport\r\n$1\r\n1\r\n");
+        assert_eq!(
+            enc(&m, false),
+            b"*4\r\n$4\r\nname\r\n$1\r\ng\r\n$4\r\nport\r\n$1\r\n1\r\n"
+        );
+        assert_eq!(
+            enc(&m, true),
+            b"%2\r\n$4\r\nname\r\n$1\r\ng\r\n$4\r\nport\r\n$1\r\n1\r\n"
+        );
         assert_eq!(enc(&Reply::NullArray, false), b"*-1\r\n");
         assert_eq!(enc(&Reply::NullArray, true), b"_\r\n");
         let p = Reply::Push(vec![Reply::bulk("message")]);

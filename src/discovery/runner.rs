@@ -40,7 +40,11 @@ impl DiscoveryRunner {
                 }
             }
         }
-        if errs.is_empty() { Ok(()) } else { Err(RunnerError(errs)) }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(RunnerError(errs))
+        }
     }
 
     /// Publish to every backend.
@@ -53,11 +57,18 @@ impl DiscoveryRunner {
                 }
             }
         }
-        if errs.is_empty() { Ok(()) } else { Err(RunnerError(errs)) }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(RunnerError(errs))
+        }
     }
 
     /// Per-backend status.
     pub fn status(&self) -> Vec<BackendStatus> {
-        self.backends.iter().map(|b| BackendStatus { name: b.name() }).collect()
+        self.backends
+            .iter()
+            .map(|b| BackendStatus { name: b.name() })
+            .collect()
     }
 }

@@ -255,7 +255,9 @@ impl Failover {
     fn next_repoints(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
         while self.in_flight.len() < self.parallel_syncs {
-            let Some(r) = self.todo.pop_front() else { break };
+            let Some(r) = self.todo.pop_front() else {
+                break;
+            };
             self.in_flight.insert(r.clone(), now + self.reconf_timeout);
             out.push(Action::Repoint {
                 replica: r,
@@ -280,7 +282,10 @@ impl Failover {
                 self.phase = Phase::Promoting;
                 self.attempts = 1;
                 vec![
-                    Action::Event("+failover-state-send-slaveof-noone", self.candidate.to_string()),
+                    Action::Event(
+                        "+failover-state-send-slaveof-noone",
+                        self.candidate.to_string(),
+                    ),
                     self.promote_action(),
                 ]
             }
@@ -397,17 +402,28 @@ impl Failover {
                 if !out.is_empty() {
                     out.extend(self.next_repoints(now));
                 }
-                if !self.is_finished() && self.reconf_deadline.is_some_and(|d| now >= d + self.reconf_timeout * 2) {
+                if !self.is_finished()
+                    && self
+                        .reconf_deadline
+                        .is_some_and(|d| now >= d + self.reconf_timeout * 2)
+                {
                     // Sentinel's +failover-end-for-timeout: send the rest
                     // best-effort and finish.
-                    for r in self.todo.drain(..).chain(std::mem::take(&mut self.in_flight).into_keys()) {
+                    for r in self
+                        .todo
+                        .drain(..)
+                        .chain(std::mem::take(&mut self.in_flight).into_keys())
+                    {
                         out.push(Action::Repoint {
                             replica: r,
                             master: self.candidate.clone(),
                         });
                     }
                     self.phase = Phase::Done;
-                    out.push(Action::Event("+failover-end-for-timeout", self.candidate.to_string()));
+                    out.push(Action::Event(
+                        "+failover-end-for-timeout",
+                        self.candidate.to_string(),
+                    ));
                     out.push(Action::Finished(Outcome::CompletedWithTimeout));
                 }
                 out
@@ -445,7 +461,7 @@ mod tests {
         )
     }
 
-    fn only<'a>(actions: &'a [Action], f: impl Fn(&Action) -> bool) -> Vec<&'a Action> {
+    fn only(actions: &[Action], f: impl Fn(&Action) -> bool) -> Vec<&Action> {
         actions.iter().filter(|x| f(x)).collect()
     }
 
@@ -453,21 +469,40 @@ mod tests {
     async fn gated_order_fence_promote_publish_repoint() {
         let (mut f, acts) = start(Kind::Unplanned, true, vec![a(2), a(3), a(4)], 1);
         assert!(acts.contains(&Action::Fence { old_master: a(1) }));
-        assert!(!acts.iter().any(|x| matches!(x, Action::Promote { .. } | Action::Publish { .. })));
+        assert!(
+            !acts
+                .iter()
+                .any(|x| matches!(x, Action::Promote { .. } | Action::Publish { .. }))
+        );
         // Nothing is promoted before the fence is confirmed.
         assert!(f.step(Instant::now(), Input::Tick).is_empty());
         let acts = f.step(Instant::now(), Input::Fenced(Ok(())));
-        assert!(acts.contains(&Action::Promote { candidate: a(2), flush: true }));
+        assert!(acts.contains(&Action::Promote {
+            candidate: a(2),
+            flush: true
+        }));
         assert!(!acts.iter().any(|x| matches!(x, Action::Publish { .. })));
         let acts = f.step(Instant::now(), Input::Promoted(Ok(())));
         assert!(acts.contains(&Action::Publish { master: a(2) }));
         let acts = f.step(Instant::now(), Input::Published(Ok(())));
         // parallel_syncs = 1: one re-point at a time, candidate excluded.
         let reps = only(&acts, |x| matches!(x, Action::Repoint { .. }));
-        assert_eq!(reps, vec![&Action::Repoint { replica: a(3), master: a(2) }]);
+        assert_eq!(
+            reps,
+            vec![&Action::Repoint {
+                replica: a(3),
+                master: a(2)
+            }]
+        );
         let acts = f.step(Instant::now(), Input::ReplicaSynced(a(3)));
         let reps = only(&acts, |x| matches!(x, Action::Repoint { .. }));
-        assert_eq!(reps, vec![&Action::Repoint { replica: a(4), master: a(2) }]);
+        assert_eq!(
+            reps,
+            vec![&Action::Repoint {
+                replica: a(4),
+                master: a(2)
+            }]
+        );
         let acts = f.step(Instant::now(), Input::ReplicaSynced(a(4)));
         assert!(acts.contains(&Action::Finished(Outcome::Completed)));
         assert_eq!(f.phase(), Phase::Done);
@@ -479,7 +514,10 @@ mod tests {
         f.step(Instant::now(), Input::Fenced(Ok(())));
         f.step(Instant::now(), Input::Promoted(Ok(())));
         let acts = f.step(Instant::now(), Input::Published(Ok(())));
-        assert_eq!(only(&acts, |x| matches!(x, Action::Repoint { .. })).len(), 2);
+        assert_eq!(
+            only(&acts, |x| matches!(x, Action::Repoint { .. })).len(),
+            2
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -501,7 +539,10 @@ mod tests {
             advance(PROMOTE_RETRY).await;
             let acts = f.step(Instant::now(), Input::Tick);
             published |= acts.iter().any(|x| matches!(x, Action::Publish { .. }));
-            promotes += acts.iter().filter(|x| matches!(x, Action::Promote { .. })).count();
+            promotes += acts
+                .iter()
+                .filter(|x| matches!(x, Action::Promote { .. }))
+                .count();
         }
         assert!(!published, "a failed flush must never lead to publication");
         assert_eq!(f.phase(), Phase::Aborted);
@@ -516,7 +557,10 @@ mod tests {
         assert!(f.step(Instant::now(), Input::Tick).is_empty());
         advance(Duration::from_secs(2)).await;
         let acts = f.step(Instant::now(), Input::Tick);
-        assert!(acts.iter().any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))));
+        assert!(
+            acts.iter()
+                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_))))
+        );
         assert!(!acts.iter().any(|x| matches!(x, Action::Promote { .. })));
     }
 
@@ -525,12 +569,20 @@ mod tests {
         let (mut f, _) = start(Kind::Switchover, true, vec![], 1);
         assert!(!f.flush);
         let acts = f.step(Instant::now(), Input::Fenced(Ok(())));
-        assert!(acts.contains(&Action::Switchover { candidate: a(2), old_master: a(1) }));
+        assert!(acts.contains(&Action::Switchover {
+            candidate: a(2),
+            old_master: a(1)
+        }));
         let acts = f.step(
             Instant::now(),
-            Input::Promoted(Err(PromoteError::SwitchoverTimedOut("old master serves again".into()))),
+            Input::Promoted(Err(PromoteError::SwitchoverTimedOut(
+                "old master serves again".into(),
+            ))),
         );
-        assert!(acts.iter().any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))));
+        assert!(
+            acts.iter()
+                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_))))
+        );
         assert!(!acts.iter().any(|x| matches!(x, Action::Publish { .. })));
     }
 
@@ -559,7 +611,11 @@ mod tests {
         f.step(Instant::now(), Input::Fenced(Ok(())));
         f.step(Instant::now(), Input::Promoted(Ok(())));
         let acts = f.step(Instant::now(), Input::Published(Err("k8s down".into())));
-        assert!(!acts.iter().any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))));
+        assert!(
+            !acts
+                .iter()
+                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_))))
+        );
         assert_eq!(f.phase(), Phase::Reconfiguring);
     }
 }

@@ -38,7 +38,12 @@ impl InstanceOps {
     }
 
     /// Wait until `addr` reports `want`, polling INFO, for at most `within`.
-    pub async fn wait_role(&self, addr: &Addr, want: Role, within: Duration) -> Result<InfoSnapshot, String> {
+    pub async fn wait_role(
+        &self,
+        addr: &Addr,
+        want: Role,
+        within: Duration,
+    ) -> Result<InfoSnapshot, String> {
         let deadline = Instant::now() + within;
         loop {
             let last = match self.info(addr).await {
@@ -47,7 +52,9 @@ impl InstanceOps {
                 Err(e) => e.to_string(),
             };
             if Instant::now() >= deadline {
-                return Err(format!("{addr} did not report role {want:?} within {within:?}: {last}"));
+                return Err(format!(
+                    "{addr} did not report role {want:?} within {within:?}: {last}"
+                ));
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -59,7 +66,12 @@ impl InstanceOps {
     /// one MULTI/EXEC so that no write can land between them; Dragonfly
     /// refuses FLUSHALL in a transaction, so client writes are paused from
     /// the admin port instead.
-    pub async fn promote(&self, addr: &Addr, flavour: Flavour, flush: bool) -> Result<(), PromoteError> {
+    pub async fn promote(
+        &self,
+        addr: &Addr,
+        flavour: Flavour,
+        flush: bool,
+    ) -> Result<(), PromoteError> {
         let perr = |e: RespError| PromoteError::Promotion(format!("{addr}: {e}"));
         let mut c = self.connect(addr, flavour).await.map_err(perr)?;
         if !flush {
@@ -98,7 +110,9 @@ impl InstanceOps {
                     }
                 }
                 Ok(other) => {
-                    return Err(PromoteError::Flush(format!("{addr}: EXEC replied {other:?}")));
+                    return Err(PromoteError::Flush(format!(
+                        "{addr}: EXEC replied {other:?}"
+                    )));
                 }
                 Err(e) => return Err(PromoteError::Flush(format!("{addr}: EXEC: {e}"))),
             }
@@ -111,7 +125,9 @@ impl InstanceOps {
                 .and_then(|f| frame_int(&f))
                 .ok_or_else(|| PromoteError::Flush(format!("{addr}: DBSIZE unreadable")))?;
             if n != 0 {
-                return Err(PromoteError::Flush(format!("{addr}: DBSIZE is {n} after FLUSHALL")));
+                return Err(PromoteError::Flush(format!(
+                    "{addr}: DBSIZE is {n} after FLUSHALL"
+                )));
             }
         }
         self.wait_role(addr, Role::Master, Duration::from_secs(2))
@@ -121,7 +137,12 @@ impl InstanceOps {
     }
 
     /// `REPLICAOF master` on `replica`.
-    pub async fn repoint(&self, replica: &Addr, flavour: Flavour, master: &Addr) -> Result<(), RespError> {
+    pub async fn repoint(
+        &self,
+        replica: &Addr,
+        flavour: Flavour,
+        master: &Addr,
+    ) -> Result<(), RespError> {
         let mut c = self.connect(replica, flavour).await?;
         let port = match (flavour, self.admin_port) {
             // Dragonfly replicates over the admin port when one is used.
@@ -137,7 +158,12 @@ impl InstanceOps {
     /// disconnect its clients so that none keeps writing to it (Redis and
     /// Valkey: `CLIENT KILL TYPE normal` and `pubsub`; Dragonfly has no
     /// TYPE filter: `CLIENT KILL LADDR`, which also closes our connection).
-    pub async fn demote(&self, addr: &Addr, flavour: Flavour, master: &Addr) -> Result<(), RespError> {
+    pub async fn demote(
+        &self,
+        addr: &Addr,
+        flavour: Flavour,
+        master: &Addr,
+    ) -> Result<(), RespError> {
         self.repoint(addr, flavour, master).await?;
         let mut c = self.connect(addr, flavour).await?;
         match flavour {

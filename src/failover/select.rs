@@ -201,17 +201,26 @@ mod tests {
             replica(3, Some(10), Some(200)),
             replica(4, Some(10), Some(200)),
         ];
-        assert_eq!(select(&cs, &limits()).chosen, Some(Addr::new("127.0.0.1", 3)));
+        assert_eq!(
+            select(&cs, &limits()).chosen,
+            Some(Addr::new("127.0.0.1", 3))
+        );
     }
 
     #[test]
     fn unknown_offset_is_not_zero_and_ranks_last() {
         let cs = vec![replica(1, None, None), replica(2, None, Some(0))];
         // A known offset of 0 beats an unknown one.
-        assert_eq!(select(&cs, &limits()).chosen, Some(Addr::new("127.0.0.1", 2)));
+        assert_eq!(
+            select(&cs, &limits()).chosen,
+            Some(Addr::new("127.0.0.1", 2))
+        );
         // Alone, an unknown offset is still eligible.
         let cs = vec![replica(1, None, None)];
-        assert_eq!(select(&cs, &limits()).chosen, Some(Addr::new("127.0.0.1", 1)));
+        assert_eq!(
+            select(&cs, &limits()).chosen,
+            Some(Addr::new("127.0.0.1", 1))
+        );
     }
 
     #[test]
@@ -251,7 +260,10 @@ mod tests {
         let cs = vec![replica(1, Some(0), Some(1_000_000))];
         let s = select(&cs, &limits());
         assert_eq!(s.chosen, None);
-        assert_eq!(s.excluded, vec![(Addr::new("127.0.0.1", 1), Exclusion::PriorityZero)]);
+        assert_eq!(
+            s.excluded,
+            vec![(Addr::new("127.0.0.1", 1), Exclusion::PriorityZero)]
+        );
     }
 
     #[test]
@@ -259,6 +271,9 @@ mod tests {
         let mut promoted = replica(9, Some(100), None);
         promoted.role = Role::Master;
         let cs = vec![replica(1, Some(1), Some(1000)), promoted];
-        assert_eq!(select(&cs, &limits()).chosen, Some(Addr::new("127.0.0.1", 9)));
+        assert_eq!(
+            select(&cs, &limits()).chosen,
+            Some(Addr::new("127.0.0.1", 9))
+        );
     }
 }

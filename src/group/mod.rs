@@ -88,6 +88,7 @@ struct Instance {
     probe: Option<ProbeHandle>,
     sdown: Sdown,
     connected: bool,
+    connected_at: Option<Instant>,
     last_reply: Option<Instant>,
     last_error: Option<String>,
     info: Option<InfoSnapshot>,
@@ -162,21 +163,21 @@ fn ms(d: Duration) -> u64 {
 /// Connection settings for the group's data servers.
 pub fn client_options(cfg: &GroupConfig) -> Result<ClientOptions, String> {
     let password = match &cfg.password_file {
-        Some(p) => Some(
-            crate::config::read_secret(p).map_err(|e| format!("{}: {e}", p.display()))?,
-        ),
+        Some(p) => {
+            Some(crate::config::read_secret(p).map_err(|e| format!("{}: {e}", p.display()))?)
+        }
         None => None,
     };
     let tls = match &cfg.tls {
-        Some(t) => Some(
-            crate::resp::client::TlsClient::from_config(t).map_err(|e| e.to_string())?,
-        ),
+        Some(t) => Some(crate::resp::client::TlsClient::from_config(t).map_err(|e| e.to_string())?),
         None => None,
     };
     let ping = cfg.ping_period();
     Ok(ClientOptions {
         connect_timeout: (ping * 2).clamp(Duration::from_millis(100), Duration::from_secs(2)),
-        command_timeout: cfg.down_after.clamp(Duration::from_millis(200), Duration::from_secs(5)),
+        command_timeout: cfg
+            .down_after
+            .clamp(Duration::from_millis(200), Duration::from_secs(5)),
         username: cfg.username.clone(),
         password,
         tls,
@@ -220,7 +221,13 @@ pub fn spawn(
         probe_tx,
         internal_tx,
         cancel: cancel.clone(),
-        view_tx: watch::channel(Arc::new(placeholder_view(&cfg, &master, config_epoch, ctx.daemons()))).0,
+        view_tx: watch::channel(Arc::new(placeholder_view(
+            &cfg,
+            &master,
+            config_epoch,
+            ctx.daemons(),
+        )))
+        .0,
         master: master.clone(),
         config_epoch,
         instances: BTreeMap::new(),
@@ -248,7 +255,8 @@ pub fn spawn(
     tracing::info!(group = %g.cfg.name, master = %g.master, config_epoch = g.config_epoch, "monitoring group");
     metrics::gauge!(m::CONFIG_EPOCH, "group" => g.cfg.name.clone()).set(g.config_epoch as f64);
     tokio::spawn(async move {
-        let tick_every = (g.cfg.ping_period() / 2).clamp(Duration::from_millis(10), Duration::from_millis(100));
+        let tick_every =
+            (g.cfg.ping_period() / 2).clamp(Duration::from_millis(10), Duration::from_millis(100));
         let mut tick = tokio::time::interval(tick_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_view = Instant::now();
@@ -273,7 +281,12 @@ pub fn spawn(
     Ok(handle)
 }
 
-fn placeholder_view(cfg: &GroupConfig, master: &Addr, config_epoch: u64, daemons: usize) -> GroupView {
+fn placeholder_view(
+    cfg: &GroupConfig,
+    master: &Addr,
+    config_epoch: u64,
+    daemons: usize,
+) -> GroupView {
     GroupView {
         name: cfg.name.clone(),
         master: master.clone(),
@@ -323,6 +336,7 @@ impl Group {
                 probe: Some(probe),
                 sdown: Sdown::new(self.cfg.down_after, now),
                 connected: false,
+                connected_at: None,
                 last_reply: None,
                 last_error: None,
                 info: None,
@@ -333,9 +347,10 @@ impl Group {
             },
         );
         if *addr != self.master {
-            self.ctx
-                .events
-                .emit("+slave", replica_details(addr, &self.cfg.name, &self.master));
+            self.ctx.events.emit(
+                "+slave",
+                replica_details(addr, &self.cfg.name, &self.master),
+            );
         }
     }
 
@@ -351,11 +366,18 @@ impl Group {
         let addr = ev.addr().clone();
         let group = self.cfg.name.clone();
         let master = self.master.clone();
-        let Some(inst) = self.instances.get_mut(&addr) else { return };
+        let Some(inst) = self.instances.get_mut(&addr) else {
+            return;
+        };
         let mut transition = None;
         let mut new_replicas = Vec::new();
         match ev {
-            ProbeEvent::Ping { at, valid, error, .. } => {
+            ProbeEvent::Ping {
+                at, valid, error, ..
+            } => {
+                if !inst.connected {
+                    inst.connected_at = Some(at);
+                }
                 inst.connected = true;
                 inst.last_reply = Some(at);
                 if valid {
@@ -373,6 +395,10 @@ impl Group {
                 inst.last_error = Some(error);
             }
             ProbeEvent::Info { at, info, .. } => {
+                if !inst.connected {
+                    inst.connected_at = Some(at);
+                    inst.connected = true;
+                }
                 let old_role = inst.info.as_ref().map(|i| i.role);
                 if old_role != Some(info.role) {
                     inst.role_changed_at = Some(at);
@@ -438,7 +464,9 @@ impl Group {
         self.last_tick = now;
         // A tick far later than scheduled means this process did not run
         // (SIGSTOP, VM pause, overload): nothing was observed meanwhile.
-        let stall_threshold = (period * 4).max(Duration::from_secs(1)).max(self.cfg.down_after / 2);
+        let stall_threshold = (period * 4)
+            .max(Duration::from_secs(1))
+            .max(self.cfg.down_after / 2);
         if gap > stall_threshold {
             let tilt_period = (self.cfg.down_after * 3).max(Duration::from_secs(3));
             self.ctx.tilt.enter(now, gap, tilt_period);
@@ -490,8 +518,13 @@ impl Group {
     }
 
     fn ask_peers(&mut self, now: Instant, candidate: Option<String>, promote: Option<Addr>) {
-        let ask_period = (self.cfg.ping_period() / 2).clamp(Duration::from_millis(20), Duration::from_millis(500));
-        if candidate.is_none() && self.last_ask.is_some_and(|t| now.duration_since(t) < ask_period) {
+        let ask_period = (self.cfg.ping_period() / 2)
+            .clamp(Duration::from_millis(20), Duration::from_millis(500));
+        if candidate.is_none()
+            && self
+                .last_ask
+                .is_some_and(|t| now.duration_since(t) < ask_period)
+        {
             return;
         }
         self.last_ask = Some(now);
@@ -532,7 +565,11 @@ impl Group {
             + self
                 .peers
                 .iter()
-                .filter(|p| p.down && p.answered_at.is_some_and(|t| now.saturating_duration_since(t) <= ttl))
+                .filter(|p| {
+                    p.down
+                        && p.answered_at
+                            .is_some_and(|t| now.saturating_duration_since(t) <= ttl)
+                })
                 .count()
     }
 
@@ -578,7 +615,11 @@ impl Group {
                     String::new()
                 }
             ))
-        } else if odown && self.failover.is_none() && self.election.is_none() && now < self.next_attempt {
+        } else if odown
+            && self.failover.is_none()
+            && self.election.is_none()
+            && now < self.next_attempt
+        {
             Some(format!(
                 "master is ODOWN; next failover attempt in {} ms",
                 ms(self.next_attempt - now)
@@ -586,8 +627,13 @@ impl Group {
         } else {
             None
         };
-        let reachable = self.reachable_daemons(now) >= self.ctx.majority().max(self.cfg.quorum as usize);
-        metrics::gauge!(m::QUORUM_REACHABLE, "group" => self.cfg.name.clone()).set(if reachable { 1.0 } else { 0.0 });
+        let reachable =
+            self.reachable_daemons(now) >= self.ctx.majority().max(self.cfg.quorum as usize);
+        metrics::gauge!(m::QUORUM_REACHABLE, "group" => self.cfg.name.clone()).set(if reachable {
+            1.0
+        } else {
+            0.0
+        });
     }
 
     fn reachable_daemons(&self, now: Instant) -> usize {
@@ -596,7 +642,10 @@ impl Group {
             .peer_table
             .snapshot()
             .iter()
-            .filter(|e| e.last_seen.is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL))
+            .filter(|e| {
+                e.last_seen
+                    .is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL)
+            })
             .count()
     }
 
@@ -634,12 +683,16 @@ impl Group {
             .and_then(|i| i.sdown.down_since())
             .map(|t| now.saturating_duration_since(t))
             .unwrap_or_default();
-        let limits = SelectionLimits::new(self.cfg.ping_period(), self.cfg.down_after, master_down_for);
+        let limits =
+            SelectionLimits::new(self.cfg.ping_period(), self.cfg.down_after, master_down_for);
         let mut cands = self.candidates(now);
         if let Some(t) = to {
             cands.retain(|c| c.addr == *t);
             if cands.is_empty() {
-                return Err(format!("NOGOODSLAVE {t} is not a known replica of {}", self.cfg.name));
+                return Err(format!(
+                    "NOGOODSLAVE {t} is not a known replica of {}",
+                    self.cfg.name
+                ));
             }
         }
         // A replica a previous leader of this failover intended to promote
@@ -684,12 +737,17 @@ impl Group {
                 self.won_election(now);
             } else if now.duration_since(el.started) >= timeout {
                 let el = self.election.take();
-                self.ctx
-                    .events
-                    .emit("-failover-abort-not-elected", master_details(&self.cfg.name, &self.master));
+                self.ctx.events.emit(
+                    "-failover-abort-not-elected",
+                    master_details(&self.cfg.name, &self.master),
+                );
                 metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => "lost").increment(1);
                 self.schedule_retry(now);
-                if let Some(Election { switchover_reply: Some(r), .. }) = el {
+                if let Some(Election {
+                    switchover_reply: Some(r),
+                    ..
+                }) = el
+                {
                     let _ = r.send(Err("NOQUORUM could not win the election".into()));
                 }
             }
@@ -722,7 +780,9 @@ impl Group {
         1 + self
             .peers
             .iter()
-            .filter(|p| p.leader_epoch == epoch && p.leader.as_deref() == Some(self.ctx.id.as_str()))
+            .filter(|p| {
+                p.leader_epoch == epoch && p.leader.as_deref() == Some(self.ctx.id.as_str())
+            })
             .count()
     }
 
@@ -768,9 +828,10 @@ impl Group {
         };
         metrics::gauge!(m::CURRENT_EPOCH).set(epoch as f64);
         self.ctx.events.emit("+new-epoch", epoch.to_string());
-        self.ctx
-            .events
-            .emit("+try-failover", master_details(&self.cfg.name, &self.master));
+        self.ctx.events.emit(
+            "+try-failover",
+            master_details(&self.cfg.name, &self.master),
+        );
         tracing::info!(group = %self.cfg.name, epoch, candidate = %candidate, ?kind, "starting election");
         for p in self.peers.iter_mut() {
             p.leader = None;
@@ -790,11 +851,17 @@ impl Group {
     }
 
     fn won_election(&mut self, now: Instant) {
-        let Some(el) = self.election.take() else { return };
-        metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => "won").increment(1);
+        let Some(el) = self.election.take() else {
+            return;
+        };
+        metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => "won")
+            .increment(1);
+        self.ctx.events.emit(
+            "+elected-leader",
+            master_details(&self.cfg.name, &self.master),
+        );
         self.ctx
-            .events
-            .emit("+elected-leader", master_details(&self.cfg.name, &self.master));
+            .maybe_crash(crate::daemon::CRASH_AFTER_ELECTION, "after the election");
         tracing::info!(group = %self.cfg.name, epoch = el.epoch, candidate = %el.candidate, "elected leader; failing over");
         // Re-check the candidate with the freshest view.
         let candidate = if el.kind == Kind::Unplanned {
@@ -820,7 +887,12 @@ impl Group {
             let _ = r.send(Ok(()));
         }
         self.intended = Some((el.epoch, candidate.clone()));
-        let replicas: Vec<Addr> = self.instances.keys().filter(|a| **a != self.master).cloned().collect();
+        let replicas: Vec<Addr> = self
+            .instances
+            .keys()
+            .filter(|a| **a != self.master)
+            .cloned()
+            .collect();
         let (machine, actions) = Failover::start(
             now,
             el.epoch,
@@ -832,17 +904,23 @@ impl Group {
             self.cfg.parallel_syncs,
             self.cfg.failover_timeout,
         );
-        self.failover = Some(Running { machine, started: el.started });
-        self.ctx
-            .events
-            .emit("+failover-state-select-slave", master_details(&self.cfg.name, &self.master));
+        self.failover = Some(Running {
+            machine,
+            started: el.started,
+        });
+        self.ctx.events.emit(
+            "+failover-state-select-slave",
+            master_details(&self.cfg.name, &self.master),
+        );
         self.run_actions(actions);
     }
 
     // === the failover machine ===
 
     fn machine_input(&mut self, now: Instant, input: Input) {
-        let Some(run) = self.failover.as_mut() else { return };
+        let Some(run) = self.failover.as_mut() else {
+            return;
+        };
         let actions = run.machine.step(now, input);
         self.run_actions(actions);
     }
@@ -852,12 +930,19 @@ impl Group {
             .get(addr)
             .and_then(|i| i.info.as_ref())
             .map(|i| i.flavour)
-            .or_else(|| self.instances.get(&self.master).and_then(|i| i.info.as_ref()).map(|i| i.flavour))
+            .or_else(|| {
+                self.instances
+                    .get(&self.master)
+                    .and_then(|i| i.info.as_ref())
+                    .map(|i| i.flavour)
+            })
             .unwrap_or_default()
     }
 
     fn run_actions(&mut self, actions: Vec<Action>) {
-        let Some(run) = self.failover.as_ref() else { return };
+        let Some(run) = self.failover.as_ref() else {
+            return;
+        };
         let epoch = run.machine.epoch;
         let deadline = self.cfg.failover_timeout;
         for action in actions {
@@ -865,14 +950,19 @@ impl Group {
             match action {
                 Action::Event(ch, detail) => {
                     let msg = match ch {
-                        "+selected-slave" | "+promoted-slave" | "+slave-reconf-done" | "-slave-reconf-sent-timeout" => {
-                            match detail.parse::<Addr>() {
-                                Ok(a) => replica_details(&a, &self.cfg.name, &self.master),
-                                Err(_) => detail,
-                            }
+                        "+selected-slave"
+                        | "+promoted-slave"
+                        | "+slave-reconf-done"
+                        | "-slave-reconf-sent-timeout" => match detail.parse::<Addr>() {
+                            Ok(a) => replica_details(&a, &self.cfg.name, &self.master),
+                            Err(_) => detail,
+                        },
+                        "+failover-state-send-slaveof-noone"
+                        | "+failover-state-reconf-slaves"
+                        | "+failover-end"
+                        | "+failover-end-for-timeout" => {
+                            master_details(&self.cfg.name, &self.master)
                         }
-                        "+failover-state-send-slaveof-noone" | "+failover-state-reconf-slaves" | "+failover-end"
-                        | "+failover-end-for-timeout" => master_details(&self.cfg.name, &self.master),
                         _ => format!("{} {detail}", master_details(&self.cfg.name, &self.master)),
                     };
                     self.ctx.events.emit(ch, msg);
@@ -885,7 +975,10 @@ impl Group {
                     };
                     let runner = self.discovery.clone();
                     tokio::spawn(async move {
-                        let r = runner.fence(fence, deadline).await.map_err(|e| e.to_string());
+                        let r = runner
+                            .fence(fence, deadline)
+                            .await
+                            .map_err(|e| e.to_string());
                         let _ = tx.send(Internal::Machine(epoch, Input::Fenced(r))).await;
                     });
                 }
@@ -898,13 +991,19 @@ impl Group {
                         let _ = tx.send(Internal::Machine(epoch, Input::Promoted(r))).await;
                     });
                 }
-                Action::Switchover { candidate, old_master } => {
+                Action::Switchover {
+                    candidate,
+                    old_master,
+                } => {
                     let ops = self.ops.clone();
                     let flavour = self.flavour_of(&old_master);
-                    let timeout = (self.cfg.failover_timeout / 2).clamp(Duration::from_secs(1), Duration::from_secs(10));
+                    let timeout = (self.cfg.failover_timeout / 2)
+                        .clamp(Duration::from_secs(1), Duration::from_secs(10));
                     tracing::info!(group = %self.cfg.name, %candidate, "switching over");
                     tokio::spawn(async move {
-                        let r = ops.switchover(&old_master, flavour, &candidate, timeout).await;
+                        let r = ops
+                            .switchover(&old_master, flavour, &candidate, timeout)
+                            .await;
                         let _ = tx.send(Internal::Machine(epoch, Input::Promoted(r))).await;
                     });
                 }
@@ -913,7 +1012,10 @@ impl Group {
                     let topology = self.topology(Reporter::Leader, None);
                     let runner = self.discovery.clone();
                     tokio::spawn(async move {
-                        let r = runner.publish(topology, deadline).await.map_err(|e| e.to_string());
+                        let r = runner
+                            .publish(topology, deadline)
+                            .await
+                            .map_err(|e| e.to_string());
                         let _ = tx.send(Internal::Machine(epoch, Input::Published(r))).await;
                     });
                 }
@@ -925,8 +1027,13 @@ impl Group {
                         replica_details(&replica, &self.cfg.name, &self.master),
                     );
                     tokio::spawn(async move {
-                        let r = ops.repoint(&replica, flavour, &master).await.map_err(|e| e.to_string());
-                        let _ = tx.send(Internal::Machine(epoch, Input::RepointSent(replica, r))).await;
+                        let r = ops
+                            .repoint(&replica, flavour, &master)
+                            .await
+                            .map_err(|e| e.to_string());
+                        let _ = tx
+                            .send(Internal::Machine(epoch, Input::RepointSent(replica, r)))
+                            .await;
                     });
                 }
                 Action::Finished(outcome) => self.finish_failover(outcome),
@@ -936,16 +1043,23 @@ impl Group {
 
     fn finish_failover(&mut self, outcome: Outcome) {
         let now = Instant::now();
-        let Some(run) = self.failover.take() else { return };
+        let Some(run) = self.failover.take() else {
+            return;
+        };
         let (label, to) = match &outcome {
             Outcome::Completed => ("completed", Some(run.machine.candidate.clone())),
-            Outcome::CompletedWithTimeout => ("completed_with_timeout", Some(run.machine.candidate.clone())),
+            Outcome::CompletedWithTimeout => (
+                "completed_with_timeout",
+                Some(run.machine.candidate.clone()),
+            ),
             Outcome::Aborted(_) => ("aborted", None),
         };
-        metrics::counter!(m::FAILOVERS, "group" => self.cfg.name.clone(), "result" => label).increment(1);
+        metrics::counter!(m::FAILOVERS, "group" => self.cfg.name.clone(), "result" => label)
+            .increment(1);
         let duration = now.saturating_duration_since(run.started);
         if to.is_some() {
-            metrics::histogram!(m::FAILOVER_DURATION, "group" => self.cfg.name.clone()).record(duration.as_secs_f64());
+            metrics::histogram!(m::FAILOVER_DURATION, "group" => self.cfg.name.clone())
+                .record(duration.as_secs_f64());
         }
         tracing::info!(group = %self.cfg.name, epoch = run.machine.epoch, outcome = ?outcome, duration_ms = ms(duration), "failover finished");
         self.last_failover = Some(LastFailover {
@@ -959,12 +1073,20 @@ impl Group {
             at_unix: unix_now(),
             duration_ms: Some(ms(duration)),
         });
-        if matches!(self.last_failover.as_ref().map(|l| l.to.is_none()), Some(true)) {
+        if matches!(
+            self.last_failover.as_ref().map(|l| l.to.is_none()),
+            Some(true)
+        ) {
             self.schedule_retry(now);
             if run.machine.kind == Kind::Switchover {
                 // The old master serves again: make sure the backends that
                 // were fenced route to it again, with the fence's epoch.
-                self.adopt_master(self.master.clone(), run.machine.epoch, Reporter::Leader, None);
+                self.adopt_master(
+                    self.master.clone(),
+                    run.machine.epoch,
+                    Reporter::Leader,
+                    None,
+                );
                 let topology = self.topology(Reporter::Leader, None);
                 let runner = self.discovery.clone();
                 let deadline = self.cfg.failover_timeout;
@@ -997,11 +1119,20 @@ impl Group {
         self.ensure_instance(&old);
         if old != master {
             if let Some(from) = from {
-                self.ctx.events.emit("+config-update-from", format!("sentinel {from} @ {} {} {}", self.cfg.name, master.host, master.port));
+                self.ctx.events.emit(
+                    "+config-update-from",
+                    format!(
+                        "sentinel {from} @ {} {} {}",
+                        self.cfg.name, master.host, master.port
+                    ),
+                );
             }
             self.ctx.events.emit(
                 "+switch-master",
-                format!("{} {} {} {} {}", self.cfg.name, old.host, old.port, master.host, master.port),
+                format!(
+                    "{} {} {} {} {}",
+                    self.cfg.name, old.host, old.port, master.host, master.port
+                ),
             );
         }
         if self.intended.as_ref().is_some_and(|(e, _)| *e <= epoch) {
@@ -1029,23 +1160,34 @@ impl Group {
             epoch: self.config_epoch,
             master: self.master.clone(),
             old_master,
-            replicas: self.instances.keys().filter(|a| **a != self.master).cloned().collect(),
+            replicas: self
+                .instances
+                .keys()
+                .filter(|a| **a != self.master)
+                .cloned()
+                .collect(),
             reporter,
         }
     }
 
     fn feed_reconfiguration(&mut self, addr: &Addr) {
-        let Some(run) = self.failover.as_ref() else { return };
+        let Some(run) = self.failover.as_ref() else {
+            return;
+        };
         if run.machine.phase() != Phase::Reconfiguring {
             return;
         }
         let target = run.machine.candidate.clone();
-        let synced = self.instances.get(addr).and_then(|i| i.info.as_ref()).is_some_and(|i| {
-            i.role == Role::Replica
-                && i.master_link_up
-                && i.master_host.as_deref() == Some(target.host.as_str())
-                && i.master_port == Some(target.port)
-        });
+        let synced = self
+            .instances
+            .get(addr)
+            .and_then(|i| i.info.as_ref())
+            .is_some_and(|i| {
+                i.role == Role::Replica
+                    && i.master_link_up
+                    && i.master_host.as_deref() == Some(target.host.as_str())
+                    && i.master_port == Some(target.port)
+            });
         if synced {
             self.machine_input(Instant::now(), Input::ReplicaSynced(addr.clone()));
         }
@@ -1063,7 +1205,9 @@ impl Group {
         let peers = self.ctx.peer_table.snapshot();
         let mut confirmed = 1;
         for e in &peers {
-            let fresh = e.last_seen.is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL);
+            let fresh = e
+                .last_seen
+                .is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL);
             if !fresh {
                 continue;
             }
@@ -1084,8 +1228,15 @@ impl Group {
             return;
         }
         let master = self.master.clone();
-        let master_up = self.instances.get(&master).is_some_and(|i| !i.sdown.is_down());
-        let intended = self.intended.as_ref().filter(|(e, _)| *e > self.config_epoch).map(|(_, a)| a.clone());
+        let master_up = self
+            .instances
+            .get(&master)
+            .is_some_and(|i| !i.sdown.is_down());
+        let intended = self
+            .intended
+            .as_ref()
+            .filter(|(e, _)| *e > self.config_epoch)
+            .map(|(_, a)| a.clone());
         let mut demote = Vec::new();
         let mut repoint = Vec::new();
         for inst in self.instances.values_mut() {
@@ -1093,8 +1244,22 @@ impl Group {
                 inst.wrong_master_since = None;
                 continue;
             }
-            let Some(info) = inst.info.as_ref() else { continue };
-            if inst.last_action.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+            let Some(info) = inst.info.as_ref() else {
+                continue;
+            };
+            // Act only on what the instance says now: an INFO read on the
+            // current connection of a reachable instance, never on a
+            // remembered reply of an instance that has since died.
+            let fresh = inst.connected
+                && !inst.sdown.is_down()
+                && inst.info_at.is_some_and(|t| Some(t) >= inst.connected_at);
+            if !fresh {
+                continue;
+            }
+            if inst
+                .last_action
+                .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+            {
                 continue;
             }
             match info.role {
@@ -1130,7 +1295,10 @@ impl Group {
             let m = master.clone();
             let tx = self.internal_tx.clone();
             tokio::spawn(async move {
-                let r = ops.demote(&addr, flavour, &m).await.map_err(|e| e.to_string());
+                let r = ops
+                    .demote(&addr, flavour, &m)
+                    .await
+                    .map_err(|e| e.to_string());
                 let _ = tx.send(Internal::Demoted(addr, r)).await;
             });
         }
@@ -1155,8 +1323,15 @@ impl Group {
     fn on_internal(&mut self, msg: Internal) {
         let now = Instant::now();
         match msg {
-            Internal::Answer { peer, epoch, at, result } => {
-                let Some(p) = self.peers.get_mut(peer) else { return };
+            Internal::Answer {
+                peer,
+                epoch,
+                at,
+                result,
+            } => {
+                let Some(p) = self.peers.get_mut(peer) else {
+                    return;
+                };
                 match result {
                     Ok(r) => {
                         self.ctx.peer_table.mark_seen(peer, at);
@@ -1177,7 +1352,15 @@ impl Group {
                 }
             }
             Internal::Machine(epoch, input) => {
-                if self.failover.as_ref().is_some_and(|r| r.machine.epoch == epoch) {
+                if input == Input::Promoted(Ok(())) {
+                    self.ctx
+                        .maybe_crash(crate::daemon::CRASH_AFTER_PROMOTION, "after the promotion");
+                }
+                if self
+                    .failover
+                    .as_ref()
+                    .is_some_and(|r| r.machine.epoch == epoch)
+                {
                     self.machine_input(now, input);
                 }
             }
@@ -1210,7 +1393,12 @@ impl Group {
                             let _ = r.send(Err("INPROG a newer configuration was adopted".into()));
                         }
                     }
-                    self.adopt_master(group.master, group.config_epoch, Reporter::Observer, Some(&from));
+                    self.adopt_master(
+                        group.master,
+                        group.config_epoch,
+                        Reporter::Observer,
+                        Some(&from),
+                    );
                     let topology = self.topology(Reporter::Observer, None);
                     let runner = self.discovery.clone();
                     let deadline = self.cfg.failover_timeout;
@@ -1241,9 +1429,10 @@ impl Group {
                 for p in self.peers.iter_mut() {
                     *p = PeerState::default();
                 }
-                self.ctx
-                    .events
-                    .emit("+reset-master", master_details(&self.cfg.name, &self.master));
+                self.ctx.events.emit(
+                    "+reset-master",
+                    master_details(&self.cfg.name, &self.master),
+                );
                 self.refresh_info(&master);
             }
         }
@@ -1262,22 +1451,24 @@ impl Group {
                     .state
                     .vote(&self.cfg.name, q.epoch, candidate)
                     .map_err(|e| format!("ERR cannot persist the vote: {e}"))?;
-                if vote.epoch == q.epoch && vote.leader.as_deref() == Some(candidate.as_str()) {
-                    if *candidate != self.ctx.id {
-                        metrics::counter!(m::VOTES_GRANTED, "group" => self.cfg.name.clone()).increment(1);
-                        self.ctx
-                            .events
-                            .emit("+vote-for-leader", format!("{candidate} {}", q.epoch));
-                        // Do not compete with the leader we voted for.
-                        if let Some(el) = self.election.take() {
-                            if let Some(r) = el.switchover_reply {
-                                let _ = r.send(Err("INPROG another daemon leads the failover".into()));
-                            }
+                if vote.epoch == q.epoch
+                    && vote.leader.as_deref() == Some(candidate.as_str())
+                    && *candidate != self.ctx.id
+                {
+                    metrics::counter!(m::VOTES_GRANTED, "group" => self.cfg.name.clone())
+                        .increment(1);
+                    self.ctx
+                        .events
+                        .emit("+vote-for-leader", format!("{candidate} {}", q.epoch));
+                    // Do not compete with the leader we voted for.
+                    if let Some(el) = self.election.take() {
+                        if let Some(r) = el.switchover_reply {
+                            let _ = r.send(Err("INPROG another daemon leads the failover".into()));
                         }
-                        self.schedule_retry(now);
-                        if let Some(p) = q.promote.clone() {
-                            self.intended = Some((q.epoch, p));
-                        }
+                    }
+                    self.schedule_retry(now);
+                    if let Some(p) = q.promote.clone() {
+                        self.intended = Some((q.epoch, p));
                     }
                 }
                 return Ok(IsDownReply {
@@ -1324,7 +1515,11 @@ impl Group {
                     last_reply_ms: since(i.last_reply),
                     info_age_ms: since(i.info_at),
                     role_reported_ms: since(i.role_changed_at),
-                    offset: if info.role == Role::Master { info.master_offset } else { info.replica_offset },
+                    offset: if info.role == Role::Master {
+                        info.master_offset
+                    } else {
+                        info.replica_offset
+                    },
                     priority: info.priority,
                     master_host: info.master_host.clone(),
                     master_port: info.master_port,
@@ -1345,9 +1540,13 @@ impl Group {
             .map(|(e, p)| PeerView {
                 addr: e.addr.clone(),
                 id: e.id.clone(),
-                reachable: e.last_seen.is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL),
+                reachable: e
+                    .last_seen
+                    .is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL),
                 last_hello_ms: since(e.last_seen),
-                sees_master_down: p.down && p.answered_at.is_some_and(|t| now.saturating_duration_since(t) <= ttl),
+                sees_master_down: p.down
+                    && p.answered_at
+                        .is_some_and(|t| now.saturating_duration_since(t) <= ttl),
                 voted_leader: p.leader.clone(),
                 voted_epoch: p.leader_epoch,
                 config_epoch: e

@@ -52,7 +52,8 @@ impl Sdown {
 
     /// Re-evaluate at `now`.
     pub fn check(&mut self, now: Instant) -> Option<Transition> {
-        if self.down_since.is_none() && now.saturating_duration_since(self.last_valid) > self.down_after
+        if self.down_since.is_none()
+            && now.saturating_duration_since(self.last_valid) > self.down_after
         {
             self.down_since = Some(now);
             return Some(Transition::Down);
@@ -90,7 +91,9 @@ impl Sdown {
 }
 
 /// Whether a PING reply counts as "the instance is available".
-pub fn is_valid_ping_reply(reply: &Result<redis_protocol::resp2::types::BytesFrame, crate::resp::RespError>) -> bool {
+pub fn is_valid_ping_reply(
+    reply: &Result<redis_protocol::resp2::types::BytesFrame, crate::resp::RespError>,
+) -> bool {
     use crate::resp::{RespError, ServerError};
     use redis_protocol::resp2::types::BytesFrame;
     match reply {
@@ -107,7 +110,7 @@ mod tests {
     use crate::resp::{RespError, ServerError};
     use bytes::Bytes;
     use redis_protocol::resp2::types::BytesFrame;
-    use tokio::time::{advance, Duration};
+    use tokio::time::{Duration, advance};
 
     const D: Duration = Duration::from_millis(1000);
 
@@ -168,7 +171,9 @@ mod tests {
         assert!(is_valid_ping_reply(&pong));
         let loading = Err(RespError::Server(ServerError::Loading("LOADING x".into())));
         assert!(is_valid_ping_reply(&loading));
-        let md = Err(RespError::Server(ServerError::MasterDown("MASTERDOWN x".into())));
+        let md = Err(RespError::Server(ServerError::MasterDown(
+            "MASTERDOWN x".into(),
+        )));
         assert!(is_valid_ping_reply(&md));
         let busy = Err(RespError::Server(ServerError::Busy("BUSY x".into())));
         assert!(!is_valid_ping_reply(&busy));

@@ -79,8 +79,11 @@ impl IsDownReply {
         let BytesFrame::Array(items) = frame else {
             return Err(bad());
         };
-        let [BytesFrame::Integer(down), leader @ BytesFrame::BulkString(_), BytesFrame::Integer(epoch)] =
-            items.as_slice()
+        let [
+            BytesFrame::Integer(down),
+            leader @ BytesFrame::BulkString(_),
+            BytesFrame::Integer(epoch),
+        ] = items.as_slice()
         else {
             return Err(bad());
         };
@@ -139,12 +142,17 @@ impl IsDownQuery {
         };
         Ok(IsDownQuery {
             group: args[0].clone(),
-            master: args[1].parse().map_err(|e| format!("invalid master: {e}"))?,
+            master: args[1]
+                .parse()
+                .map_err(|e| format!("invalid master: {e}"))?,
             config_epoch: num(&args[2], "config epoch")?,
             epoch: num(&args[3], "epoch")?,
             candidate: (args[4] != "*").then(|| args[4].clone()),
             promote: match args.get(5) {
-                Some(p) => Some(p.parse().map_err(|e| format!("invalid promote address: {e}"))?),
+                Some(p) => Some(
+                    p.parse()
+                        .map_err(|e| format!("invalid promote address: {e}"))?,
+                ),
                 None => None,
             },
         })
@@ -289,7 +297,11 @@ mod tests {
         };
         let args = q.to_args();
         assert_eq!(IsDownQuery::from_args(&args[2..]).unwrap(), q);
-        let q2 = IsDownQuery { candidate: None, promote: None, ..q };
+        let q2 = IsDownQuery {
+            candidate: None,
+            promote: None,
+            ..q
+        };
         assert_eq!(IsDownQuery::from_args(&q2.to_args()[2..]).unwrap(), q2);
         assert!(IsDownQuery::from_args(&["g".into()]).is_err());
         let mut bad = q2.to_args()[2..].to_vec();

@@ -33,7 +33,9 @@ pub enum StateError {
         source: std::io::Error,
     },
     /// The state file exists but cannot be read.
-    #[error("state file {path} cannot be read: {source} (refusing to start: a reset could let this daemon vote twice)")]
+    #[error(
+        "state file {path} cannot be read: {source} (refusing to start: a reset could let this daemon vote twice)"
+    )]
     Read {
         /// The file.
         path: PathBuf,
@@ -41,7 +43,9 @@ pub enum StateError {
         source: std::io::Error,
     },
     /// The state file is not valid.
-    #[error("state file {path} is corrupt: {reason} (refusing to start: a reset could let this daemon vote twice; restore it from a backup or remove it deliberately)")]
+    #[error(
+        "state file {path} is corrupt: {reason} (refusing to start: a reset could let this daemon vote twice; restore it from a backup or remove it deliberately)"
+    )]
     Corrupt {
         /// The file.
         path: PathBuf,
@@ -57,7 +61,9 @@ pub enum StateError {
         source: std::io::Error,
     },
     /// The id in the config differs from the persisted one.
-    #[error("daemon.id {configured:?} differs from the id {persisted:?} persisted in {path}; peers know this daemon by the persisted id")]
+    #[error(
+        "daemon.id {configured:?} differs from the id {persisted:?} persisted in {path}; peers know this daemon by the persisted id"
+    )]
     IdMismatch {
         /// From the config.
         configured: String,
@@ -171,7 +177,9 @@ impl StateStore {
             None => {
                 let state = PersistedState {
                     version: FORMAT_VERSION,
-                    daemon_id: configured_id.map(str::to_string).unwrap_or_else(new_daemon_id),
+                    daemon_id: configured_id
+                        .map(str::to_string)
+                        .unwrap_or_else(new_daemon_id),
                     current_epoch: 0,
                     groups: BTreeMap::new(),
                 };
@@ -294,7 +302,12 @@ impl StateStore {
 
     /// Record a group's new config (master chosen in `config_epoch`) if it is
     /// newer than the recorded one. Returns whether it was adopted.
-    pub fn set_config(&self, group: &str, config_epoch: u64, master: &Addr) -> Result<bool, StateError> {
+    pub fn set_config(
+        &self,
+        group: &str,
+        config_epoch: u64,
+        master: &Addr,
+    ) -> Result<bool, StateError> {
         self.update(|s| {
             if config_epoch > s.current_epoch {
                 s.current_epoch = config_epoch;
@@ -335,7 +348,9 @@ impl StateStore {
         f.sync_all().map_err(err)?;
         drop(f);
         fs::rename(&tmp, &self.path).map_err(err)?;
-        File::open(&self.dir).and_then(|d| d.sync_all()).map_err(err)?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err)?;
         Ok(())
     }
 }
@@ -363,20 +378,42 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
         let v = s.vote("g", 5, "b").unwrap();
-        assert_eq!(v, Vote { leader: Some("b".into()), epoch: 5 });
+        assert_eq!(
+            v,
+            Vote {
+                leader: Some("b".into()),
+                epoch: 5
+            }
+        );
         // A second candidate in the same epoch gets the recorded vote back.
         let v = s.vote("g", 5, "c").unwrap();
         assert_eq!(v.leader.as_deref(), Some("b"));
         drop(s);
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
         let v = s.vote("g", 5, "c").unwrap();
-        assert_eq!(v.leader.as_deref(), Some("b"), "vote must survive a restart");
+        assert_eq!(
+            v.leader.as_deref(),
+            Some("b"),
+            "vote must survive a restart"
+        );
         // An older epoch never gets a vote.
         let v = s.vote("g", 4, "c").unwrap();
-        assert_eq!(v, Vote { leader: Some("b".into()), epoch: 5 });
+        assert_eq!(
+            v,
+            Vote {
+                leader: Some("b".into()),
+                epoch: 5
+            }
+        );
         // A newer epoch does.
         let v = s.vote("g", 6, "c").unwrap();
-        assert_eq!(v, Vote { leader: Some("c".into()), epoch: 6 });
+        assert_eq!(
+            v,
+            Vote {
+                leader: Some("c".into()),
+                epoch: 6
+            }
+        );
         // Votes are per group.
         let v = s.vote("h", 6, "d").unwrap();
         assert_eq!(v.leader.as_deref(), Some("d"));

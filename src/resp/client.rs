@@ -33,7 +33,9 @@ impl std::fmt::Debug for TlsClient {
     }
 }
 
-fn read_pem_certs(path: &Path) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, RespError> {
+fn read_pem_certs(
+    path: &Path,
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, RespError> {
     use rustls_pki_types::pem::PemObject;
     let certs: Result<Vec<_>, _> = rustls_pki_types::CertificateDer::pem_file_iter(path)
         .map_err(|e| RespError::Tls(format!("{}: {e}", path.display())))?
