@@ -6,7 +6,12 @@
 //! the promotion and the flush). A backend never lets a lower epoch replace
 //! a higher one; it answers [`DiscoveryError::Stale`] instead.
 
+mod delivered;
+pub mod exec;
+pub mod file;
 pub mod memory;
+pub mod runner;
+pub mod webhook;
 
 use std::future::Future;
 use std::pin::Pin;
