@@ -345,3 +345,428 @@ impl Backend for WebhookBackend {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    use axum::Router;
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode as AxStatus};
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::post;
+    use serde_json::json;
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::discovery::runner::DiscoveryRunner;
+
+    /// What the test server answers to the next request.
+    #[derive(Clone)]
+    enum Reply {
+        Status(u16, &'static str),
+        /// Accept the request and never answer.
+        Hang,
+    }
+
+    /// One request the test server received.
+    #[derive(Clone)]
+    struct Seen {
+        headers: HeaderMap,
+        body: Bytes,
+    }
+
+    #[derive(Clone, Default)]
+    struct Hook {
+        seen: Arc<Mutex<Vec<Seen>>>,
+        replies: Arc<Mutex<VecDeque<Reply>>>,
+    }
+
+    impl Hook {
+        fn reply(&self, r: Reply) {
+            self.replies.lock().unwrap().push_back(r);
+        }
+        fn seen(&self) -> Vec<Seen> {
+            self.seen.lock().unwrap().clone()
+        }
+    }
+
+    async fn handle(State(h): State<Hook>, headers: HeaderMap, body: Bytes) -> Response {
+        h.seen.lock().unwrap().push(Seen { headers, body });
+        let reply = h.replies.lock().unwrap().pop_front();
+        match reply.unwrap_or(Reply::Status(204, "")) {
+            Reply::Status(code, body) => (AxStatus::from_u16(code).unwrap(), body).into_response(),
+            Reply::Hang => std::future::pending().await,
+        }
+    }
+
+    fn app(hook: &Hook) -> Router {
+        Router::new()
+            .route("/hook", post(handle))
+            .with_state(hook.clone())
+    }
+
+    /// A plain HTTP test server on 127.0.0.1; it lives as long as the test's
+    /// runtime.
+    async fn serve(hook: &Hook) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(axum::serve(listener, app(hook)).into_future());
+        addr
+    }
+
+    fn config(url: String) -> WebhookConfig {
+        WebhookConfig {
+            url,
+            timeout: Duration::from_secs(5),
+            token_file: None,
+            hmac_key_file: None,
+            ca_file: None,
+            required: true,
+        }
+    }
+
+    fn topo(epoch: u64) -> Topology {
+        Topology {
+            group: "cache".into(),
+            epoch,
+            master: "10.0.0.2:6379".parse().unwrap(),
+            old_master: Some("10.0.0.1:6379".parse().unwrap()),
+            replicas: vec!["10.0.0.3:6379".parse().unwrap()],
+            reporter: Reporter::Leader,
+        }
+    }
+
+    /// The body as JSON, after checking its timestamp is recent RFC 3339.
+    fn body_without_time(body: &[u8]) -> serde_json::Value {
+        let mut v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let ts = v["timestamp"].as_str().unwrap().to_string();
+        let t = humantime::parse_rfc3339(&ts).unwrap();
+        let age = std::time::SystemTime::now().duration_since(t).unwrap();
+        assert!(age < Duration::from_secs(60), "timestamp {ts}");
+        v.as_object_mut().unwrap().remove("timestamp");
+        v
+    }
+
+    #[tokio::test]
+    async fn posts_the_documented_body_with_token_and_signature() {
+        let hook = Hook::default();
+        let addr = serve(&hook).await;
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("token");
+        let key_file = dir.path().join("hmac");
+        std::fs::write(&token_file, "s3cret-token\n").unwrap();
+        std::fs::write(&key_file, "signing-key\n").unwrap();
+        let mut cfg = config(format!("http://{addr}/hook"));
+        cfg.token_file = Some(token_file.clone());
+        cfg.hmac_key_file = Some(key_file);
+        let b = WebhookBackend::new(&cfg).unwrap();
+        b.publish(&topo(7)).await.unwrap();
+
+        let seen = hook.seen();
+        assert_eq!(seen.len(), 1);
+        let req = &seen[0];
+        assert_eq!(req.headers["content-type"], "application/json");
+        assert_eq!(req.headers["authorization"], "Bearer s3cret-token");
+        let body = body_without_time(&req.body);
+        assert_eq!(body.as_object().unwrap().len(), 7);
+        assert_eq!(
+            body,
+            json!({
+                "group": "cache",
+                "epoch": 7,
+                "event": "publish",
+                "reporter": "leader",
+                "old_master": "10.0.0.1:6379",
+                "master": "10.0.0.2:6379",
+                "replicas": ["10.0.0.3:6379"],
+            })
+        );
+        // Verify the signature independently, over the exact bytes received.
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(b"signing-key").unwrap();
+        mac.update(&req.body);
+        let expected = format!("sha256={}", hex::encode(mac.finalize().into_bytes()));
+        assert_eq!(req.headers[SIGNATURE_HEADER], expected.as_str());
+        assert_eq!(expected.len(), "sha256=".len() + 64);
+
+        // The token is re-read at every write.
+        std::fs::write(&token_file, "rotated\n").unwrap();
+        b.publish(&topo(8)).await.unwrap();
+        assert_eq!(hook.seen()[1].headers["authorization"], "Bearer rotated");
+    }
+
+    #[tokio::test]
+    async fn fence_body_has_no_master() {
+        let hook = Hook::default();
+        let addr = serve(&hook).await;
+        let b = WebhookBackend::new(&config(format!("http://{addr}/hook"))).unwrap();
+        b.fence(&Fence {
+            group: "cache".into(),
+            epoch: 3,
+            old_master: "10.0.0.1:6379".parse().unwrap(),
+        })
+        .await
+        .unwrap();
+        let seen = hook.seen();
+        assert_eq!(seen.len(), 1);
+        assert!(!seen[0].headers.contains_key("authorization"));
+        assert!(!seen[0].headers.contains_key(SIGNATURE_HEADER));
+        assert_eq!(
+            body_without_time(&seen[0].body),
+            json!({
+                "group": "cache",
+                "epoch": 3,
+                "event": "fence",
+                "reporter": "leader",
+                "old_master": "10.0.0.1:6379",
+                "master": null,
+                "replicas": [],
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn same_write_is_sent_once_and_lower_epochs_are_refused() {
+        let hook = Hook::default();
+        let addr = serve(&hook).await;
+        let b = WebhookBackend::new(&config(format!("http://{addr}/hook"))).unwrap();
+        b.publish(&topo(5)).await.unwrap();
+        let mut observer = topo(5);
+        observer.reporter = Reporter::Observer;
+        b.publish(&observer).await.unwrap();
+        assert_eq!(hook.seen().len(), 1);
+        assert_eq!(
+            b.publish(&topo(4)).await,
+            Err(DiscoveryError::Stale { stored: 5, ours: 4 })
+        );
+        assert_eq!(hook.seen().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn answers_are_classified() {
+        let hook = Hook::default();
+        let addr = serve(&hook).await;
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, "s3cret-token").unwrap();
+        let mut cfg = config(format!("http://{addr}/hook?key=hidden"));
+        cfg.token_file = Some(token_file);
+        let b = WebhookBackend::new(&cfg).unwrap();
+        let cases: Vec<(Reply, &str)> = vec![
+            (Reply::Status(200, "ok"), "ok"),
+            (Reply::Status(202, ""), "ok"),
+            (Reply::Status(409, r#"{"epoch": 9}"#), "stale"),
+            (Reply::Status(409, r#"{"epoch": 5}"#), "transient"),
+            (Reply::Status(409, "conflict"), "transient"),
+            (Reply::Status(500, "oops"), "transient"),
+            (Reply::Status(503, ""), "transient"),
+            (Reply::Status(408, ""), "transient"),
+            (Reply::Status(429, ""), "transient"),
+            (Reply::Status(400, "bad"), "permanent"),
+            (Reply::Status(401, "who are you"), "permanent"),
+            (Reply::Status(404, ""), "permanent"),
+            (Reply::Status(302, ""), "permanent"),
+        ];
+        for (reply, want) in cases {
+            hook.reply(reply);
+            // `send` bypasses the idempotence record: every case is a request.
+            let got = b.send(&WebhookBody::publish(&topo(5))).await;
+            let label = match &got {
+                Ok(()) => "ok",
+                Err(e) => e.metric_label(),
+            };
+            assert_eq!(label, want, "{got:?}");
+            if let Err(e) = &got {
+                let text = e.to_string();
+                assert!(!text.contains("s3cret"), "token leaked: {text}");
+                assert!(!text.contains("hidden"), "query leaked: {text}");
+            }
+            if want == "stale" {
+                assert_eq!(got, Err(DiscoveryError::Stale { stored: 9, ours: 5 }));
+            }
+        }
+        assert_eq!(hook.seen().len(), 13);
+        assert!(
+            hook.seen()
+                .iter()
+                .all(|s| s.headers["authorization"] == "Bearer s3cret-token")
+        );
+    }
+
+    #[tokio::test]
+    async fn server_errors_are_retried_by_the_runner() {
+        let hook = Hook::default();
+        let addr = serve(&hook).await;
+        hook.reply(Reply::Status(500, "down"));
+        hook.reply(Reply::Status(503, "still down"));
+        let b: Arc<dyn Backend> =
+            Arc::new(WebhookBackend::new(&config(format!("http://{addr}/hook"))).unwrap());
+        let r = DiscoveryRunner::new("cache", vec![b]);
+        r.publish(topo(2), Duration::from_secs(20)).await.unwrap();
+        assert_eq!(hook.seen().len(), 3);
+        let st = &r.status()[0];
+        assert_eq!((st.writes_failed, st.writes_ok), (2, 1));
+        assert_eq!(st.kind, "webhook");
+        assert_eq!(st.name, format!("webhook:http://{addr}/hook"));
+    }
+
+    #[tokio::test]
+    async fn a_server_that_never_answers_times_out() {
+        let hook = Hook::default();
+        let addr = serve(&hook).await;
+        hook.reply(Reply::Hang);
+        let mut cfg = config(format!("http://{addr}/hook"));
+        cfg.timeout = Duration::from_millis(300);
+        let b = WebhookBackend::new(&cfg).unwrap();
+        let start = Instant::now();
+        let err = b.publish(&topo(1)).await.unwrap_err();
+        let took = Instant::now() - start;
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+            "{took:?}"
+        );
+        assert!(
+            matches!(&err, DiscoveryError::Transient(m) if m.ends_with("timed out after 300ms")),
+            "{err:?}"
+        );
+        assert_eq!(hook.seen().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_url_is_transient() {
+        // Bind then drop: nothing listens on that loopback port any more.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let b = WebhookBackend::new(&config(format!("http://{addr}/hook"))).unwrap();
+        let err = b.publish(&topo(1)).await.unwrap_err();
+        assert!(matches!(err, DiscoveryError::Transient(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn unreadable_secrets_and_bad_config_are_permanent() {
+        let hook = Hook::default();
+        let addr = serve(&hook).await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(format!("http://{addr}/hook"));
+        cfg.token_file = Some(dir.path().join("missing"));
+        let b = WebhookBackend::new(&cfg).unwrap();
+        let err = b.publish(&topo(1)).await.unwrap_err();
+        assert!(matches!(err, DiscoveryError::Permanent(_)), "{err:?}");
+        assert!(hook.seen().is_empty());
+
+        let bad = WebhookBackend::new(&config("ftp://127.0.0.1/x".into()));
+        assert!(matches!(bad, Err(DiscoveryError::Permanent(_))));
+        let mut cfg = config(format!("https://{addr}/hook"));
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not a certificate").unwrap();
+        cfg.ca_file = Some(ca);
+        assert!(matches!(
+            WebhookBackend::new(&cfg),
+            Err(DiscoveryError::Permanent(_))
+        ));
+    }
+
+    // === HTTPS ===
+
+    /// Accepts TLS connections for axum::serve.
+    struct TlsListener {
+        tcp: TcpListener,
+        acceptor: tokio_rustls::TlsAcceptor,
+    }
+
+    impl axum::serve::Listener for TlsListener {
+        type Io = tokio_rustls::server::TlsStream<TcpStream>;
+        type Addr = SocketAddr;
+
+        async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+            loop {
+                let Ok((tcp, addr)) = self.tcp.accept().await else {
+                    continue;
+                };
+                // A client that rejects our certificate fails here; keep
+                // serving the others.
+                let handshake = self.acceptor.accept(tcp);
+                if let Ok(Ok(tls)) = tokio::time::timeout(Duration::from_secs(5), handshake).await {
+                    return (tls, addr);
+                }
+            }
+        }
+
+        fn local_addr(&self) -> std::io::Result<Self::Addr> {
+            self.tcp.local_addr()
+        }
+    }
+
+    /// A CA (PEM) and an HTTPS test server on 127.0.0.1 with a certificate
+    /// it signed.
+    async fn serve_tls(hook: &Hook) -> (String, SocketAddr) {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+        };
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+        crate::tls::install_crypto_provider();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "picket test CA");
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+
+        let key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        let cert = params.signed_by(&key, &issuer).unwrap();
+
+        let chain = vec![CertificateDer::from(cert.der().to_vec())];
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let server = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(chain, key_der)
+            .unwrap();
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let listener = TlsListener {
+            tcp,
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+        };
+        tokio::spawn(axum::serve(listener, app(hook)).into_future());
+        (ca_cert.pem(), addr)
+    }
+
+    #[tokio::test]
+    async fn https_with_a_custom_ca() {
+        let hook = Hook::default();
+        let (ca_pem, addr) = serve_tls(&hook).await;
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, ca_pem).unwrap();
+
+        // Without the CA the server is not trusted: no request arrives.
+        let untrusted = WebhookBackend::new(&config(format!("https://{addr}/hook"))).unwrap();
+        let err = untrusted.publish(&topo(1)).await.unwrap_err();
+        assert!(
+            matches!(&err, DiscoveryError::Transient(m) if m.contains("certificate")),
+            "{err:?}"
+        );
+        assert!(hook.seen().is_empty());
+
+        let mut cfg = config(format!("https://{addr}/hook"));
+        cfg.ca_file = Some(ca_file);
+        let b = WebhookBackend::new(&cfg).unwrap();
+        b.publish(&topo(1)).await.unwrap();
+        let seen = hook.seen();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(body_without_time(&seen[0].body)["master"], "10.0.0.2:6379");
+    }
+}
