@@ -94,7 +94,6 @@ impl WebhookBody {
 }
 
 /// POSTs fences and topologies to one URL.
-#[derive(Debug)]
 pub struct WebhookBackend {
     url: Url,
     /// The URL without credentials or query, for logs and errors.
@@ -105,6 +104,19 @@ pub struct WebhookBackend {
     hmac_key_file: Option<PathBuf>,
     required: bool,
     delivered: Delivered,
+}
+
+impl std::fmt::Debug for WebhookBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the full URL: its query may hold a secret.
+        f.debug_struct("WebhookBackend")
+            .field("url", &self.shown)
+            .field("timeout", &self.timeout)
+            .field("token_file", &self.token_file)
+            .field("hmac_key_file", &self.hmac_key_file)
+            .field("required", &self.required)
+            .finish_non_exhaustive()
+    }
 }
 
 impl WebhookBackend {
@@ -170,7 +182,7 @@ impl WebhookBackend {
         }
         if let Some(path) = &self.hmac_key_file {
             let key = self.secret(path, "hmac key")?;
-            req = req.header(SIGNATURE_HEADER, signature(key.as_bytes(), &bytes));
+            req = req.header(SIGNATURE_HEADER, signature(key.as_bytes(), &bytes)?);
         }
         let req = req.body(bytes);
 
@@ -245,14 +257,16 @@ impl WebhookBackend {
 }
 
 /// `sha256=<hex>` of HMAC-SHA256(key, body).
-pub fn signature(key: &[u8], body: &[u8]) -> String {
-    // HMAC accepts keys of any length; this cannot fail.
-    let mut mac = match HmacSha256::new_from_slice(key) {
-        Ok(m) => m,
-        Err(_) => return String::new(),
-    };
+pub fn signature(key: &[u8], body: &[u8]) -> Result<String, DiscoveryError> {
+    // HMAC takes keys of any length, so this error is not expected; it is
+    // still an error rather than a request with a bogus signature.
+    let mut mac = HmacSha256::new_from_slice(key)
+        .map_err(|e| DiscoveryError::Permanent(format!("webhook: hmac key: {e}")))?;
     mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    Ok(format!(
+        "sha256={}",
+        hex::encode(mac.finalize().into_bytes())
+    ))
 }
 
 fn load_ca(path: &Path) -> Result<Vec<Certificate>, DiscoveryError> {
@@ -590,6 +604,7 @@ mod tests {
             }
         }
         assert_eq!(hook.seen().len(), 13);
+        assert!(!format!("{b:?}").contains("hidden"));
         assert!(
             hook.seen()
                 .iter()
