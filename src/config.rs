@@ -210,6 +210,11 @@ pub struct ExecConfig {
     /// Whether the failover waits for this backend.
     #[serde(default)]
     pub required: bool,
+    /// Also run the program when the old master is fenced (state `fence`).
+    /// Off by default: a Sentinel client-reconfig-script only knows state
+    /// `start` and would take a fence for a switch.
+    #[serde(default)]
+    pub on_fence: bool,
 }
 
 /// `type = "webhook"`.

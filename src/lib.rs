@@ -192,7 +192,10 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
             group: g.name.clone(),
             reason,
         })?;
-        let runner = Arc::new(discovery::runner::DiscoveryRunner::new(backends));
+        let runner = Arc::new(discovery::runner::DiscoveryRunner::new(
+            g.name.clone(),
+            backends,
+        ));
         let handle = group::spawn(g.clone(), ctx.clone(), runner, &cancel).map_err(|reason| {
             RunError::Group {
                 group: g.name.clone(),

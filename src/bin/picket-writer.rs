@@ -15,7 +15,10 @@ use picket::resp::{ClientOptions, Connection, RespError, ServerError, frame_text
 use tokio::time::Instant;
 
 #[derive(Parser, Debug)]
-#[command(name = "picket-writer", about = "Write through a Sentinel-resolved master and measure unavailability")]
+#[command(
+    name = "picket-writer",
+    about = "Write through a Sentinel-resolved master and measure unavailability"
+)]
 struct Args {
     /// Sentinel-compatible address (repeatable), e.g. 127.0.0.1:26379.
     #[arg(long = "sentinel", required = true)]
@@ -61,7 +64,9 @@ fn kind(e: &RespError) -> &'static str {
         RespError::Server(ServerError::ReadOnly(_)) => "readonly",
         RespError::Server(ServerError::Loading(_)) => "loading",
         RespError::Timeout(_) => "timeout",
-        RespError::Connect { source, .. } if source.kind() == std::io::ErrorKind::ConnectionRefused => {
+        RespError::Connect { source, .. }
+            if source.kind() == std::io::ErrorKind::ConnectionRefused =>
+        {
             "refused"
         }
         RespError::Closed | RespError::Io(_) => "closed",
@@ -79,7 +84,10 @@ async fn resolve(args: &Args, opts: &ClientOptions) -> Option<String> {
             .call(["SENTINEL", "get-master-addr-by-name", args.group.as_str()])
             .await
         {
-            if let (Some(h), Some(p)) = (v.first().and_then(frame_text), v.get(1).and_then(frame_text)) {
+            if let (Some(h), Some(p)) = (
+                v.first().and_then(frame_text),
+                v.get(1).and_then(frame_text),
+            ) {
                 return Some(format!("{h}:{p}"));
             }
         }
@@ -97,7 +105,10 @@ async fn main() -> std::process::ExitCode {
     };
     let stop = async {
         use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut t), Ok(mut i)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        let (Ok(mut t), Ok(mut i)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
             return std::future::pending().await;
         };
         tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }

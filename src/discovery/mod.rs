@@ -6,8 +6,12 @@
 //! the promotion and the flush). A backend never lets a lower epoch replace
 //! a higher one; it answers [`DiscoveryError::Stale`] instead.
 
+mod delivered;
+pub mod exec;
+pub mod file;
 pub mod memory;
 pub mod runner;
+pub mod webhook;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -117,10 +121,27 @@ pub trait Backend: Send + Sync {
 pub fn build(
     group: &crate::config::GroupConfig,
 ) -> Result<Vec<std::sync::Arc<dyn Backend>>, String> {
-    if let Some(d) = group.discovery.first() {
-        return Err(format!(
-            "discovery backend {d:?} is not available in this build"
-        ));
+    use crate::config::DiscoveryConfig;
+    let mut out: Vec<std::sync::Arc<dyn Backend>> = Vec::new();
+    for (i, d) in group.discovery.iter().enumerate() {
+        let err = |e: DiscoveryError| format!("discovery[{i}]: {e}");
+        let b: std::sync::Arc<dyn Backend> = match d {
+            DiscoveryConfig::File(c) => {
+                std::sync::Arc::new(file::FileBackend::new(c).map_err(err)?)
+            }
+            DiscoveryConfig::Exec(c) => {
+                std::sync::Arc::new(exec::ExecBackend::new(c).map_err(err)?)
+            }
+            DiscoveryConfig::Webhook(c) => {
+                std::sync::Arc::new(webhook::WebhookBackend::new(c).map_err(err)?)
+            }
+            DiscoveryConfig::Kubernetes(_) => {
+                return Err(format!(
+                    "discovery[{i}]: the kubernetes backend is not available in this build"
+                ));
+            }
+        };
+        out.push(b);
     }
-    Ok(Vec::new())
+    Ok(out)
 }
