@@ -98,9 +98,18 @@ mod tests {
 
     #[test]
     fn rejects_bad_input() {
-        assert!(matches!("localhost".parse::<Addr>(), Err(AddrError::MissingPort(_))));
+        assert!(matches!(
+            "localhost".parse::<Addr>(),
+            Err(AddrError::MissingPort(_))
+        ));
         assert!(matches!("h:0".parse::<Addr>(), Err(AddrError::BadPort(_))));
-        assert!(matches!("h:70000".parse::<Addr>(), Err(AddrError::BadPort(_))));
-        assert!(matches!(":80".parse::<Addr>(), Err(AddrError::EmptyHost(_))));
+        assert!(matches!(
+            "h:70000".parse::<Addr>(),
+            Err(AddrError::BadPort(_))
+        ));
+        assert!(matches!(
+            ":80".parse::<Addr>(),
+            Err(AddrError::EmptyHost(_))
+        ));
     }
 }

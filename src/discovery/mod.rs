@@ -6,6 +6,7 @@
 //! the promotion and the flush). A backend never lets a lower epoch replace
 //! a higher one; it answers [`DiscoveryError::Stale`] instead.
 
+pub mod kubernetes;
 pub mod memory;
 
 use std::future::Future;
