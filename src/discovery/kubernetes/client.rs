@@ -586,17 +586,24 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
-/// The rustls error behind a failed request, if that is what failed.
+/// The rustls error behind a failed request, if that is what failed. The
+/// connector nests it in `io::Error`s, whose `source()` skips the wrapped
+/// error itself, so those are unwrapped by hand.
 fn tls_failure(e: &reqwest::Error) -> Option<String> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cur {
-        if let Some(t) = c.downcast_ref::<rustls::Error>() {
-            return Some(t.to_string());
-        }
-        if let Some(io) = c.downcast_ref::<std::io::Error>()
-            && let Some(t) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
-        {
-            return Some(t.to_string());
+        let mut inner: &(dyn std::error::Error + 'static) = c;
+        loop {
+            if let Some(t) = inner.downcast_ref::<rustls::Error>() {
+                return Some(t.to_string());
+            }
+            match inner
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                Some(next) => inner = next,
+                None => break,
+            }
         }
         cur = c.source();
     }

@@ -92,7 +92,15 @@ impl PodLabelWriter {
         }
         for p in targets {
             let name = object_name(p);
-            let out = self.write(&name, fence.epoch, None, true).await?;
+            // Done when the label is gone, or when a write of this very
+            // epoch already made the pod a replica (a retried fence must
+            // not undo that epoch's publish).
+            let master = self.master_value.as_str();
+            let out = self
+                .write(&name, fence.epoch, None, true, |pod, stored| {
+                    stored == Some(fence.epoch) && label(pod, &self.role_label) != Some(master)
+                })
+                .await?;
             if out == Outcome::Written {
                 tracing::info!(group = %fence.group, epoch = fence.epoch, pod = %name,
                     label = %self.role_label, "fence: removed the role label of the old master");
@@ -144,8 +152,7 @@ impl PodLabelWriter {
                 )));
             }
             for name in &holders {
-                self.write(name, t.epoch, Some(&self.replica_value), false)
-                    .await?;
+                self.write_label(name, t.epoch, &self.replica_value).await?;
                 tracing::info!(group = %t.group, epoch = t.epoch, pod = %name,
                     "publish: pod lost the master label");
             }
@@ -154,7 +161,7 @@ impl PodLabelWriter {
 
         // 2. Only now the new master.
         if self
-            .write(&master_name, t.epoch, Some(&self.master_value), false)
+            .write_label(&master_name, t.epoch, &self.master_value)
             .await?
             == Outcome::Written
         {
@@ -174,10 +181,7 @@ impl PodLabelWriter {
             {
                 continue;
             }
-            if let Err(e) = self
-                .write(&name, t.epoch, Some(&self.replica_value), false)
-                .await
-            {
+            if let Err(e) = self.write_label(&name, t.epoch, &self.replica_value).await {
                 tracing::warn!(group = %t.group, epoch = t.epoch, pod = %name, error = %e,
                     "publish: cannot label pod as replica");
                 first_err.get_or_insert(e);
@@ -189,15 +193,30 @@ impl PodLabelWriter {
         }
     }
 
-    /// Read `name`, check the epoch, and set (`Some`) or remove (`None`) the
-    /// role label with the epoch annotation, conditional on the
-    /// resourceVersion just read; a 409 starts over from the read.
+    /// Set the role label to `value` at `epoch` (no write when already so).
+    async fn write_label(
+        &self,
+        name: &str,
+        epoch: u64,
+        value: &str,
+    ) -> Result<Outcome, DiscoveryError> {
+        self.write(name, epoch, Some(value), false, |pod, stored| {
+            stored == Some(epoch) && label(pod, &self.role_label) == Some(value)
+        })
+        .await
+    }
+
+    /// Read `name`, check the epoch, and unless `done(pod, stored epoch)`
+    /// set (`Some`) or remove (`None`) the role label with the epoch
+    /// annotation, conditional on the resourceVersion just read; a 409
+    /// starts over from the read.
     async fn write(
         &self,
         name: &str,
         epoch: u64,
         value: Option<&str>,
         missing_ok: bool,
+        done: impl Fn(&Value, Option<u64>) -> bool,
     ) -> Result<Outcome, DiscoveryError> {
         let mut last = None;
         for _ in 0..CONFLICT_ATTEMPTS {
@@ -207,7 +226,7 @@ impl PodLabelWriter {
                 Err(e) => return Err(e.into()),
             };
             let stored = check_epoch(&pod, epoch)?;
-            if label(&pod, &self.role_label) == value && stored == Some(epoch) {
+            if done(&pod, stored) {
                 return Ok(Outcome::Unchanged);
             }
             let body = json!({
