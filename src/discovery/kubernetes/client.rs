@@ -174,6 +174,9 @@ pub enum ClientError {
         /// The TLS error.
         message: String,
     },
+    /// The API server URL is not an `http(s)://host[:port]` URL.
+    #[error("invalid API server URL {0:?}")]
+    InvalidServer(String),
     /// The TLS material of the configuration is unusable.
     #[error("TLS setup: {0}")]
     TlsSetup(String),
@@ -223,7 +226,9 @@ impl ClientError {
             ClientError::Transport { .. } | ClientError::Decode { .. } => true,
             // An exec plugin or token file may well work on the next try.
             ClientError::Credentials(_) => true,
-            ClientError::Tls { .. } | ClientError::TlsSetup(_) => false,
+            ClientError::Tls { .. } | ClientError::TlsSetup(_) | ClientError::InvalidServer(_) => {
+                false
+            }
         }
     }
 }
@@ -273,6 +278,14 @@ impl KubeClient {
     /// bad configuration shows at start-up rather than at the first failover.
     pub fn new(cluster: ClusterConfig, timeout: Duration) -> Result<Self, ClientError> {
         crate::tls::install_crypto_provider();
+        let url = reqwest::Url::parse(&cluster.server)
+            .map_err(|_| ClientError::InvalidServer(cluster.server.clone()))?;
+        if !matches!(url.scheme(), "https" | "http")
+            || url.host_str().is_none()
+            || url.query().is_some()
+        {
+            return Err(ClientError::InvalidServer(cluster.server.clone()));
+        }
         let base_http = build_http(&cluster, cluster.client_identity.as_ref(), timeout)?;
         Ok(KubeClient {
             inner: Arc::new(Inner {
@@ -829,6 +842,47 @@ mod tests {
             matches!(&d, DiscoveryError::Permanent(m) if m.contains("403 Forbidden") && m.contains("pods is forbidden")),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn bad_server_urls_and_tls_material_are_refused_up_front() {
+        use super::super::kubeconfig::AuthConfig;
+        let base = ClusterConfig {
+            server: "https://127.0.0.1:6443".into(),
+            ca_pem: None,
+            insecure_skip_tls_verify: true,
+            tls_server_name: None,
+            client_identity: None,
+            auth: AuthConfig::None,
+            namespace: None,
+        };
+        let t = Duration::from_secs(1);
+        assert!(KubeClient::new(base.clone(), t).is_ok());
+        for bad in ["ftp://h", "127.0.0.1:6443", "https://", "https://h?x=1"] {
+            let c = ClusterConfig {
+                server: bad.into(),
+                ..base.clone()
+            };
+            let e = KubeClient::new(c, t).unwrap_err();
+            assert!(matches!(e, ClientError::InvalidServer(_)), "{bad}: {e}");
+            assert!(!e.is_transient());
+        }
+        let c = ClusterConfig {
+            insecure_skip_tls_verify: false,
+            ca_pem: Some(b"not a pem".to_vec()),
+            ..base.clone()
+        };
+        let e = KubeClient::new(c, t).unwrap_err();
+        assert!(e.to_string().contains("certificate authority"), "{e}");
+        let c = ClusterConfig {
+            client_identity: Some(ClientIdentity {
+                cert_pem: b"junk".to_vec(),
+                key_pem: b"junk".to_vec(),
+            }),
+            ..base
+        };
+        let e = KubeClient::new(c, t).unwrap_err();
+        assert!(e.to_string().contains("client certificate"), "{e}");
     }
 
     #[test]
