@@ -1324,6 +1324,7 @@ fn example_config_has_every_key() {
                     command: vec!["x".into()],
                     timeout: d,
                     required: true,
+                    on_fence: false,
                 }),
                 DiscoveryConfig::Webhook(WebhookConfig {
                     url: "x".into(),

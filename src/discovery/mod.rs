@@ -9,6 +9,7 @@
 mod delivered;
 pub mod exec;
 pub mod file;
+pub mod kubernetes;
 pub mod memory;
 pub mod runner;
 pub mod webhook;
@@ -135,10 +136,8 @@ pub fn build(
             DiscoveryConfig::Webhook(c) => {
                 std::sync::Arc::new(webhook::WebhookBackend::new(c).map_err(err)?)
             }
-            DiscoveryConfig::Kubernetes(_) => {
-                return Err(format!(
-                    "discovery[{i}]: the kubernetes backend is not available in this build"
-                ));
+            DiscoveryConfig::Kubernetes(c) => {
+                std::sync::Arc::new(kubernetes::KubernetesBackend::new(c).map_err(err)?)
             }
         };
         out.push(b);

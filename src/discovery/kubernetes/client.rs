@@ -1,0 +1,899 @@
+//! A small Kubernetes REST client over reqwest: exactly the calls picket
+//! makes (get, list by label selector, create, patch, replace) on pods and
+//! `discovery.k8s.io/v1` EndpointSlices.
+//!
+//! Every call has a budget: transient failures (429, 5xx, timeouts,
+//! connection errors) are retried with jittered exponential backoff, or
+//! after `Retry-After` when the server sends one, until the budget would
+//! be exceeded. A 401 makes a refreshable credential (token file, exec
+//! plugin) be fetched again once; after that 401 and 403 are final.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::kubeconfig::{ClientIdentity, ClusterConfig, CredentialError, Credentials};
+use crate::discovery::DiscoveryError;
+
+/// The object kinds picket reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `v1` Pod.
+    Pod,
+    /// `discovery.k8s.io/v1` EndpointSlice.
+    EndpointSlice,
+}
+
+impl Kind {
+    /// The collection path in a namespace.
+    pub fn collection_path(self, namespace: &str) -> String {
+        match self {
+            Kind::Pod => format!("/api/v1/namespaces/{namespace}/pods"),
+            Kind::EndpointSlice => {
+                format!("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices")
+            }
+        }
+    }
+
+    /// The path of one object.
+    pub fn object_path(self, namespace: &str, name: &str) -> String {
+        format!("{}/{name}", self.collection_path(namespace))
+    }
+}
+
+/// The body format of a PATCH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchType {
+    /// RFC 7386 JSON merge patch (`null` deletes a key, lists are replaced).
+    Merge,
+    /// RFC 6902 JSON patch (an op list; a failing `test` gives 422).
+    Json,
+    /// Kubernetes strategic merge patch (built-in types only).
+    Strategic,
+}
+
+impl PatchType {
+    /// The Content-Type header value.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            PatchType::Merge => "application/merge-patch+json",
+            PatchType::Json => "application/json-patch+json",
+            PatchType::Strategic => "application/strategic-merge-patch+json",
+        }
+    }
+}
+
+/// How long and how often one call may be retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Total time one call may take, retries and waits included.
+    pub budget: Duration,
+    /// First backoff; doubled after every failure.
+    pub initial_backoff: Duration,
+    /// Largest backoff (a `Retry-After` may ask for more, within the budget).
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            budget: Duration::from_secs(10),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+/// An error answer of the API server, decoded from its `Status` body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP method of the request.
+    pub method: String,
+    /// Full URL of the request.
+    pub url: String,
+    /// HTTP status code.
+    pub code: u16,
+    /// `Status.reason` (`Conflict`, `NotFound`, `AlreadyExists`, ...), or the HTTP reason phrase.
+    pub reason: String,
+    /// `Status.message`, or the start of a non-Status body.
+    pub message: String,
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.code {
+            401 => write!(
+                f,
+                "401 Unauthorized from {}: check the token (or client certificate / exec plugin) \
+                 picket authenticates with{}",
+                self.url,
+                suffix(&self.message)
+            ),
+            403 => write!(
+                f,
+                "403 Forbidden from {} ({}): the identity picket uses lacks an RBAC permission \
+                 (see the Role in docs/kubernetes.md){}",
+                self.url,
+                self.method,
+                suffix(&self.message)
+            ),
+            _ => write!(
+                f,
+                "{} {}: {} {}{}",
+                self.method,
+                self.url,
+                self.code,
+                self.reason,
+                suffix(&self.message)
+            ),
+        }
+    }
+}
+
+fn suffix(message: &str) -> String {
+    if message.is_empty() {
+        String::new()
+    } else {
+        format!(": {message}")
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    /// The server answered with an error status.
+    #[error("{0}")]
+    Api(ApiError),
+    /// No answer (connection refused, reset, timeout).
+    #[error("{method} {url}: {message}")]
+    Transport {
+        /// HTTP method.
+        method: String,
+        /// URL.
+        url: String,
+        /// What happened.
+        message: String,
+        /// Whether it was the per-request timeout.
+        timeout: bool,
+    },
+    /// The TLS handshake failed (untrusted or mismatching server certificate, rejected client certificate).
+    #[error("{url}: TLS: {message}")]
+    Tls {
+        /// URL.
+        url: String,
+        /// The TLS error.
+        message: String,
+    },
+    /// The API server URL is not an `http(s)://host[:port]` URL.
+    #[error("invalid API server URL {0:?}")]
+    InvalidServer(String),
+    /// The TLS material of the configuration is unusable.
+    #[error("TLS setup: {0}")]
+    TlsSetup(String),
+    /// A 2xx answer whose body is not the expected JSON.
+    #[error("{method} {url}: undecodable response: {message}")]
+    Decode {
+        /// HTTP method.
+        method: String,
+        /// URL.
+        url: String,
+        /// The decoder's message.
+        message: String,
+    },
+    /// No credential could be obtained.
+    #[error("credentials: {0}")]
+    Credentials(#[from] CredentialError),
+}
+
+impl ClientError {
+    /// The HTTP status code, for API errors.
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            ClientError::Api(a) => Some(a.code),
+            _ => None,
+        }
+    }
+
+    /// 404.
+    pub fn is_not_found(&self) -> bool {
+        self.code() == Some(404)
+    }
+
+    /// 409 from a stale resourceVersion (not from a create of an existing name).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, ClientError::Api(a) if a.code == 409 && a.reason != "AlreadyExists")
+    }
+
+    /// 409 `AlreadyExists` from a create.
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, ClientError::Api(a) if a.code == 409 && a.reason == "AlreadyExists")
+    }
+
+    /// Whether waiting and trying again may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Api(a) => matches!(a.code, 408 | 409 | 429) || a.code >= 500,
+            ClientError::Transport { .. } | ClientError::Decode { .. } => true,
+            // An exec plugin or token file may well work on the next try.
+            ClientError::Credentials(_) => true,
+            ClientError::Tls { .. } | ClientError::TlsSetup(_) | ClientError::InvalidServer(_) => {
+                false
+            }
+        }
+    }
+}
+
+impl From<ClientError> for DiscoveryError {
+    fn from(e: ClientError) -> Self {
+        if e.is_transient() {
+            DiscoveryError::Transient(e.to_string())
+        } else {
+            DiscoveryError::Permanent(e.to_string())
+        }
+    }
+}
+
+/// The Kubernetes client. Clones share connections and credentials.
+#[derive(Clone)]
+pub struct KubeClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for KubeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeClient")
+            .field("server", &self.inner.server)
+            .field("timeout", &self.inner.timeout)
+            .field("retry", &self.inner.retry)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    server: String,
+    cluster: ClusterConfig,
+    creds: Credentials,
+    timeout: Duration,
+    retry: RetryPolicy,
+    /// The client built with the kubeconfig's own identity (if any).
+    base_http: reqwest::Client,
+    /// The client for the identity an exec plugin returned last.
+    exec_http: Mutex<Option<(ClientIdentity, reqwest::Client)>>,
+}
+
+impl KubeClient {
+    /// A client for `cluster`, with `timeout` for each request.
+    ///
+    /// Fails when the CA or client certificate cannot be used, so that a
+    /// bad configuration shows at start-up rather than at the first failover.
+    pub fn new(cluster: ClusterConfig, timeout: Duration) -> Result<Self, ClientError> {
+        crate::tls::install_crypto_provider();
+        let url = reqwest::Url::parse(&cluster.server)
+            .map_err(|_| ClientError::InvalidServer(cluster.server.clone()))?;
+        if !matches!(url.scheme(), "https" | "http")
+            || url.host_str().is_none()
+            || url.query().is_some()
+        {
+            return Err(ClientError::InvalidServer(cluster.server.clone()));
+        }
+        let base_http = build_http(&cluster, cluster.client_identity.as_ref(), timeout)?;
+        Ok(KubeClient {
+            inner: Arc::new(Inner {
+                server: cluster.server.clone(),
+                creds: Credentials::new(&cluster),
+                cluster,
+                timeout,
+                retry: RetryPolicy::default(),
+                base_http,
+                exec_http: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The same client with another retry policy (call before cloning).
+    pub fn with_retry(self, retry: RetryPolicy) -> Self {
+        let inner = match Arc::try_unwrap(self.inner) {
+            Ok(mut i) => {
+                i.retry = retry;
+                i
+            }
+            Err(shared) => Inner {
+                server: shared.server.clone(),
+                cluster: shared.cluster.clone(),
+                creds: Credentials::new(&shared.cluster),
+                timeout: shared.timeout,
+                retry,
+                base_http: shared.base_http.clone(),
+                exec_http: Mutex::new(None),
+            },
+        };
+        KubeClient {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The API server's base URL.
+    pub fn server(&self) -> &str {
+        &self.inner.server
+    }
+
+    /// GET one object.
+    pub async fn get(&self, kind: Kind, ns: &str, name: &str) -> Result<Value, ClientError> {
+        let path = kind.object_path(ns, name);
+        self.send(Method::GET, &path, None, None).await
+    }
+
+    /// GET one object; `None` when it does not exist.
+    pub async fn get_opt(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Value>, ClientError> {
+        match self.get(kind, ns, name).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// LIST the objects of a namespace, optionally by label selector; returns `items`.
+    pub async fn list(
+        &self,
+        kind: Kind,
+        ns: &str,
+        label_selector: Option<&str>,
+    ) -> Result<Vec<Value>, ClientError> {
+        let path = kind.collection_path(ns);
+        let query = label_selector.map(|s| ("labelSelector", s));
+        let url = format!("{}{}", self.inner.server, path);
+        let mut list = self.send(Method::GET, &path, query, None).await?;
+        match list.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) => Ok(items),
+            Some(Value::Null) | None => Ok(Vec::new()),
+            Some(_) => Err(ClientError::Decode {
+                method: "GET".into(),
+                url,
+                message: "`items` is not a list".into(),
+            }),
+        }
+    }
+
+    /// POST a new object.
+    pub async fn create(&self, kind: Kind, ns: &str, body: &Value) -> Result<Value, ClientError> {
+        let path = kind.collection_path(ns);
+        let body = (
+            "application/json",
+            serde_json::to_vec(body).unwrap_or_default(),
+        );
+        self.send(Method::POST, &path, None, Some(body)).await
+    }
+
+    /// PATCH an object; put `metadata.resourceVersion` in a merge patch to make it conditional.
+    pub async fn patch(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        patch_type: PatchType,
+        body: &Value,
+    ) -> Result<Value, ClientError> {
+        let path = kind.object_path(ns, name);
+        let body = (
+            patch_type.content_type(),
+            serde_json::to_vec(body).unwrap_or_default(),
+        );
+        self.send(Method::PATCH, &path, None, Some(body)).await
+    }
+
+    /// PUT a whole object (conditional when it carries `metadata.resourceVersion`).
+    pub async fn replace(
+        &self,
+        kind: Kind,
+        ns: &str,
+        name: &str,
+        body: &Value,
+    ) -> Result<Value, ClientError> {
+        let path = kind.object_path(ns, name);
+        let body = (
+            "application/json",
+            serde_json::to_vec(body).unwrap_or_default(),
+        );
+        self.send(Method::PUT, &path, None, Some(body)).await
+    }
+
+    fn http_for(&self, identity: Option<&ClientIdentity>) -> Result<reqwest::Client, ClientError> {
+        let Some(id) = identity else {
+            return Ok(self.inner.base_http.clone());
+        };
+        let mut g = self
+            .inner
+            .exec_http
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some((cached_id, http)) = g.as_ref()
+            && cached_id == id
+        {
+            return Ok(http.clone());
+        }
+        let http = build_http(&self.inner.cluster, Some(id), self.inner.timeout)?;
+        *g = Some((id.clone(), http.clone()));
+        Ok(http)
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: Option<(&str, &str)>,
+        body: Option<(&'static str, Vec<u8>)>,
+    ) -> Result<Value, ClientError> {
+        let url = format!("{}{}", self.inner.server, path);
+        let retry = self.inner.retry;
+        let deadline = Instant::now() + retry.budget;
+        let mut backoff = retry.initial_backoff;
+        let mut reauthenticated = false;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let auth = self.inner.creds.current().await?;
+            let http = self.http_for(auth.identity.as_ref())?;
+            let mut req = http
+                .request(method.clone(), &url)
+                .header(ACCEPT, "application/json");
+            if let Some(q) = query {
+                req = req.query(&[q]);
+            }
+            if let Some(token) = &auth.token {
+                let mut v =
+                    HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
+                        ClientError::Credentials(CredentialError::TokenFile {
+                            path: "<token>".into(),
+                            message: "the token contains characters not allowed in a header".into(),
+                        })
+                    })?;
+                v.set_sensitive(true);
+                req = req.header(AUTHORIZATION, v);
+            }
+            if let Some((ct, bytes)) = &body {
+                req = req.header(CONTENT_TYPE, *ct).body(bytes.clone());
+            }
+
+            let (err, retry_after) = match req.send().await {
+                Ok(resp) => {
+                    let status = resp.status();
+                    if status.is_success() {
+                        let bytes = resp.bytes().await.map_err(|e| ClientError::Transport {
+                            method: method.to_string(),
+                            url: url.clone(),
+                            message: format!("reading the response: {e}"),
+                            timeout: e.is_timeout(),
+                        })?;
+                        if bytes.is_empty() {
+                            return Ok(Value::Null);
+                        }
+                        return serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode {
+                            method: method.to_string(),
+                            url: url.clone(),
+                            message: e.to_string(),
+                        });
+                    }
+                    if let Some(w) = resp.headers().get("warning") {
+                        tracing::debug!(url = %url, warning = ?w, "API server warning");
+                    }
+                    let retry_after = resp
+                        .headers()
+                        .get(RETRY_AFTER)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .map(Duration::from_secs);
+                    let text = resp.text().await.unwrap_or_default();
+                    let err = ClientError::Api(decode_status(&method, &url, status, &text));
+                    if status == StatusCode::UNAUTHORIZED
+                        && !reauthenticated
+                        && self.inner.creds.refreshable()
+                    {
+                        // An expired token or exec credential: fetch a new one, once.
+                        reauthenticated = true;
+                        self.inner.creds.invalidate().await;
+                        tracing::info!(url = %url, "401 from the API server; refreshing the credential");
+                        continue;
+                    }
+                    let retryable = matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504)
+                        || (retry_after.is_some() && status.is_server_error());
+                    if !retryable {
+                        return Err(err);
+                    }
+                    (err, retry_after)
+                }
+                Err(e) => {
+                    if let Some(msg) = tls_failure(&e) {
+                        return Err(ClientError::Tls {
+                            url: url.clone(),
+                            message: msg,
+                        });
+                    }
+                    let err = ClientError::Transport {
+                        method: method.to_string(),
+                        url: url.clone(),
+                        message: error_chain(&e),
+                        timeout: e.is_timeout(),
+                    };
+                    if !(e.is_timeout() || e.is_connect() || e.is_request() || e.is_body()) {
+                        return Err(err);
+                    }
+                    (err, None)
+                }
+            };
+
+            let wait = match retry_after {
+                Some(ra) => ra,
+                None => jitter(backoff),
+            };
+            backoff = (backoff * 2).min(retry.max_backoff);
+            if Instant::now() + wait > deadline {
+                tracing::warn!(url = %url, attempts = attempt, error = %err,
+                    "giving up: the retry budget is spent");
+                return Err(err);
+            }
+            tracing::debug!(url = %url, attempt, wait = ?wait, error = %err, "retrying");
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// Between half and all of `d`, so that daemons retrying together spread out.
+fn jitter(d: Duration) -> Duration {
+    let f: f64 = rand::random_range(0.5..=1.0);
+    d.mul_f64(f)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct StatusBody {
+    kind: Option<String>,
+    reason: Option<String>,
+    message: Option<String>,
+}
+
+fn decode_status(method: &Method, url: &str, status: StatusCode, text: &str) -> ApiError {
+    let parsed: Option<StatusBody> = serde_json::from_str(text).ok();
+    let (reason, message) = match parsed {
+        Some(s) if s.kind.as_deref() == Some("Status") => {
+            (s.reason.unwrap_or_default(), s.message.unwrap_or_default())
+        }
+        _ => (String::new(), text.trim().chars().take(200).collect()),
+    };
+    let reason = if reason.is_empty() {
+        status.canonical_reason().unwrap_or("").replace(' ', "")
+    } else {
+        reason
+    };
+    ApiError {
+        method: method.to_string(),
+        url: url.to_string(),
+        code: status.as_u16(),
+        reason,
+        message,
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// The rustls error behind a failed request, if that is what failed. The
+/// connector nests it in `io::Error`s, whose `source()` skips the wrapped
+/// error itself, so those are unwrapped by hand.
+fn tls_failure(e: &reqwest::Error) -> Option<String> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        let mut inner: &(dyn std::error::Error + 'static) = c;
+        loop {
+            if let Some(t) = inner.downcast_ref::<rustls::Error>() {
+                return Some(t.to_string());
+            }
+            match inner
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                Some(next) => inner = next,
+                None => break,
+            }
+        }
+        cur = c.source();
+    }
+    None
+}
+
+fn build_http(
+    cluster: &ClusterConfig,
+    identity: Option<&ClientIdentity>,
+    timeout: Duration,
+) -> Result<reqwest::Client, ClientError> {
+    crate::tls::install_crypto_provider();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClientError::TlsSetup(e.to_string()))?;
+
+    let verifier: Arc<dyn ServerCertVerifier> = if cluster.insecure_skip_tls_verify {
+        Arc::new(AcceptAnyServerCert { provider })
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        if let Some(pem) = &cluster.ca_pem {
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                let cert = cert.map_err(|e| {
+                    ClientError::TlsSetup(format!("certificate authority: bad PEM: {e}"))
+                })?;
+                roots.add(cert).map_err(|e| {
+                    ClientError::TlsSetup(format!("certificate authority: unusable: {e}"))
+                })?;
+            }
+            if roots.is_empty() {
+                return Err(ClientError::TlsSetup(
+                    "certificate authority: no CERTIFICATE found in the PEM data".into(),
+                ));
+            }
+        }
+        let webpki =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| ClientError::TlsSetup(format!("certificate authority: {e}")))?;
+        match &cluster.tls_server_name {
+            None => webpki,
+            Some(name) => {
+                let name = ServerName::try_from(name.clone())
+                    .map_err(|e| ClientError::TlsSetup(format!("tls-server-name {name:?}: {e}")))?;
+                Arc::new(ServerNameOverride {
+                    inner: webpki,
+                    name,
+                })
+            }
+        }
+    };
+    let builder = builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    let mut tls = match identity {
+        None => builder.with_no_client_auth(),
+        Some(id) => {
+            let pem = id.combined_pem();
+            let certs = CertificateDer::pem_slice_iter(&pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ClientError::TlsSetup(format!("client certificate: bad PEM: {e}")))?;
+            if certs.is_empty() {
+                return Err(ClientError::TlsSetup(
+                    "client certificate: no CERTIFICATE found in the PEM data".into(),
+                ));
+            }
+            let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+                ClientError::TlsSetup(format!("client key: no usable private key: {e}"))
+            })?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| ClientError::TlsSetup(format!("client certificate: {e}")))?
+        }
+    };
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        // The API server is reached directly; an HTTPS_PROXY meant for
+        // other traffic must not capture it (kubeconfig proxy-url is refused).
+        .no_proxy()
+        .build()
+        .map_err(|e| ClientError::TlsSetup(error_chain(&e)))
+}
+
+/// Verifies the server certificate against `tls-server-name` instead of the URL host.
+#[derive(Debug)]
+struct ServerNameOverride {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ServerCertVerifier for ServerNameOverride {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// kubeconfig `insecure-skip-tls-verify`: any certificate is accepted, but
+/// the handshake signatures are still checked (the peer must hold the key of
+/// the certificate it shows).
+#[derive(Debug)]
+struct AcceptAnyServerCert {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for AcceptAnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_bodies_are_decoded() {
+        let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"the object has been modified","reason":"Conflict","code":409}"#;
+        let e = decode_status(&Method::PATCH, "https://h/x", StatusCode::CONFLICT, body);
+        assert_eq!(e.reason, "Conflict");
+        assert_eq!(e.message, "the object has been modified");
+        let ce = ClientError::Api(e);
+        assert!(ce.is_conflict() && !ce.is_already_exists() && ce.is_transient());
+
+        let e = decode_status(
+            &Method::GET,
+            "https://h/x",
+            StatusCode::BAD_GATEWAY,
+            "<html>bad</html>",
+        );
+        assert_eq!(e.reason, "BadGateway");
+        assert_eq!(e.message, "<html>bad</html>");
+
+        let e = decode_status(&Method::GET, "https://h/api", StatusCode::UNAUTHORIZED, "");
+        let msg = ClientError::Api(e).to_string();
+        assert!(
+            msg.starts_with("401 Unauthorized from https://h/api: check the token"),
+            "{msg}"
+        );
+        let d: DiscoveryError = ClientError::Api(decode_status(
+            &Method::GET,
+            "https://h/api",
+            StatusCode::FORBIDDEN,
+            r#"{"kind":"Status","reason":"Forbidden","message":"pods is forbidden"}"#,
+        ))
+        .into();
+        assert!(
+            matches!(&d, DiscoveryError::Permanent(m) if m.contains("403 Forbidden") && m.contains("pods is forbidden")),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn bad_server_urls_and_tls_material_are_refused_up_front() {
+        use super::super::kubeconfig::AuthConfig;
+        let base = ClusterConfig {
+            server: "https://127.0.0.1:6443".into(),
+            ca_pem: None,
+            insecure_skip_tls_verify: true,
+            tls_server_name: None,
+            client_identity: None,
+            auth: AuthConfig::None,
+            namespace: None,
+        };
+        let t = Duration::from_secs(1);
+        assert!(KubeClient::new(base.clone(), t).is_ok());
+        for bad in ["ftp://h", "127.0.0.1:6443", "https://", "https://h?x=1"] {
+            let c = ClusterConfig {
+                server: bad.into(),
+                ..base.clone()
+            };
+            let e = KubeClient::new(c, t).unwrap_err();
+            assert!(matches!(e, ClientError::InvalidServer(_)), "{bad}: {e}");
+            assert!(!e.is_transient());
+        }
+        let c = ClusterConfig {
+            insecure_skip_tls_verify: false,
+            ca_pem: Some(b"not a pem".to_vec()),
+            ..base.clone()
+        };
+        let e = KubeClient::new(c, t).unwrap_err();
+        assert!(e.to_string().contains("certificate authority"), "{e}");
+        let c = ClusterConfig {
+            client_identity: Some(ClientIdentity {
+                cert_pem: b"junk".to_vec(),
+                key_pem: b"junk".to_vec(),
+            }),
+            ..base
+        };
+        let e = KubeClient::new(c, t).unwrap_err();
+        assert!(e.to_string().contains("client certificate"), "{e}");
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(
+            Kind::Pod.object_path("ns", "p"),
+            "/api/v1/namespaces/ns/pods/p"
+        );
+        assert_eq!(
+            Kind::EndpointSlice.collection_path("ns"),
+            "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices"
+        );
+    }
+}

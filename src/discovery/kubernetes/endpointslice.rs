@@ -1,0 +1,256 @@
+//! `endpointslice` mode: picket owns one `discovery.k8s.io/v1` EndpointSlice
+//! per group, `<service>-picket`, attached to a selector-less Service by the
+//! `kubernetes.io/service-name` label. It holds exactly the master's
+//! address after `publish` and no endpoint after `fence`.
+//!
+//! The address and the epoch annotation change in one conditional request,
+//! so the Service never routes to two masters, and the switch from one
+//! master to the next is a single write (unlike pod labels).
+
+use std::net::Ipv4Addr;
+
+use serde_json::{Value, json};
+
+use super::client::{Kind, KubeClient, PatchType};
+use super::{CONFLICT_ATTEMPTS, EPOCH_ANNOTATION, check_epoch, label, resource_version};
+use crate::discovery::{DiscoveryError, Fence, Topology};
+
+/// The label linking a slice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The label naming the slice's controller.
+pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// picket's value of [`MANAGED_BY_LABEL`] (never the built-in controller's,
+/// or the two would fight over the slice).
+pub const MANAGED_BY: &str = "picket.io";
+
+/// Writes the group's EndpointSlice.
+#[derive(Debug, Clone)]
+pub struct EndpointSliceWriter {
+    client: KubeClient,
+    namespace: String,
+    service: String,
+    port_name: String,
+    name: String,
+}
+
+impl EndpointSliceWriter {
+    /// A writer for the slice of `service` in `namespace`.
+    pub fn new(client: KubeClient, namespace: &str, service: &str, port_name: &str) -> Self {
+        EndpointSliceWriter {
+            client,
+            namespace: namespace.to_string(),
+            service: service.to_string(),
+            port_name: port_name.to_string(),
+            name: format!("{service}-picket"),
+        }
+    }
+
+    /// The slice's name, `<service>-picket`.
+    pub fn slice_name(&self) -> &str {
+        &self.name
+    }
+
+    fn labels(&self) -> Value {
+        json!({ SERVICE_NAME_LABEL: self.service, MANAGED_BY_LABEL: MANAGED_BY })
+    }
+
+    fn ports(&self, port: u16) -> Value {
+        json!([{ "name": self.port_name, "port": port, "protocol": "TCP" }])
+    }
+
+    /// Empty the slice (no endpoint routes), unless a write of this epoch
+    /// already replaced the old master.
+    pub async fn fence(&self, fence: &Fence) -> Result<(), DiscoveryError> {
+        let old_ip: Option<Ipv4Addr> = fence.old_master.host.parse().ok();
+        let out = self
+            .write(
+                fence.epoch,
+                json!([]),
+                self.ports(fence.old_master.port),
+                |slice, stored| {
+                    let endpoints = slice.get("endpoints").and_then(Value::as_array);
+                    let holds_old = endpoints.into_iter().flatten().any(|ep| {
+                        ep.get("addresses")
+                            .and_then(Value::as_array)
+                            .into_iter()
+                            .flatten()
+                            .any(|a| {
+                                a.as_str()
+                                    .and_then(|s| s.parse::<Ipv4Addr>().ok())
+                                    .is_some_and(|ip| Some(ip) == old_ip)
+                            })
+                    });
+                    let empty = endpoints.is_none_or(|e| e.is_empty());
+                    // Same epoch: either already fenced, or the new master of
+                    // this very epoch is in (a retried fence must not undo it).
+                    stored == Some(fence.epoch) && (empty || !holds_old)
+                },
+            )
+            .await?;
+        if out {
+            tracing::info!(group = %fence.group, epoch = fence.epoch, slice = %self.name,
+                old_master = %fence.old_master, "fence: emptied the EndpointSlice");
+        }
+        Ok(())
+    }
+
+    /// Make the slice hold exactly the master's address.
+    pub async fn publish(&self, t: &Topology) -> Result<(), DiscoveryError> {
+        let ip: Ipv4Addr = t.master.host.parse().map_err(|_| {
+            DiscoveryError::Permanent(format!(
+                "kubernetes: endpointslice mode needs an IPv4 master address, got {:?}",
+                t.master.host
+            ))
+        })?;
+        let endpoints = json!([{
+            "addresses": [ip.to_string()],
+            "conditions": { "ready": true, "serving": true, "terminating": false },
+        }]);
+        let ports = self.ports(t.master.port);
+        let want_endpoints = endpoints.clone();
+        let want_ports = ports.clone();
+        let out = self
+            .write(t.epoch, endpoints, ports, move |slice, stored| {
+                stored == Some(t.epoch)
+                    && normalized_endpoints(slice) == want_endpoints
+                    && normalized_ports(slice) == want_ports
+            })
+            .await?;
+        if out {
+            tracing::info!(group = %t.group, epoch = t.epoch, slice = %self.name,
+                master = %t.master, "publish: EndpointSlice points at the new master");
+        }
+        Ok(())
+    }
+
+    /// Create the slice or patch it conditionally; `done(slice, stored
+    /// epoch)` says the existing slice needs no write. Returns whether it wrote.
+    async fn write(
+        &self,
+        epoch: u64,
+        endpoints: Value,
+        ports: Value,
+        done: impl Fn(&Value, Option<u64>) -> bool,
+    ) -> Result<bool, DiscoveryError> {
+        let ns = &self.namespace;
+        let mut last = None;
+        for _ in 0..CONFLICT_ATTEMPTS {
+            let existing = self
+                .client
+                .get_opt(Kind::EndpointSlice, ns, &self.name)
+                .await?;
+            let Some(slice) = existing else {
+                let body = json!({
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "kind": "EndpointSlice",
+                    "metadata": {
+                        "name": self.name,
+                        "namespace": ns,
+                        "labels": self.labels(),
+                        "annotations": { EPOCH_ANNOTATION: epoch.to_string() },
+                    },
+                    "addressType": "IPv4",
+                    "ports": ports,
+                    "endpoints": endpoints,
+                });
+                match self.client.create(Kind::EndpointSlice, ns, &body).await {
+                    Ok(_) => return Ok(true),
+                    Err(e) if e.is_already_exists() => {
+                        last = Some(e);
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            let stored = check_epoch(&slice, epoch)?;
+            let address_type = slice.get("addressType").and_then(Value::as_str);
+            if address_type != Some("IPv4") {
+                // addressType is immutable; only deleting the slice helps.
+                return Err(DiscoveryError::Permanent(format!(
+                    "kubernetes: EndpointSlice {ns}/{} has addressType {:?}, picket needs IPv4; \
+                     delete it and picket will create it",
+                    self.name, address_type
+                )));
+            }
+            let labelled = label(&slice, SERVICE_NAME_LABEL) == Some(self.service.as_str())
+                && label(&slice, MANAGED_BY_LABEL) == Some(MANAGED_BY);
+            if labelled && done(&slice, stored) {
+                return Ok(false);
+            }
+            // endpoints and ports are atomic lists: a merge patch replaces
+            // them whole, and leaves fields others own (ownerReferences) alone.
+            let body = json!({
+                "metadata": {
+                    "resourceVersion": resource_version(&slice),
+                    "labels": self.labels(),
+                    "annotations": { EPOCH_ANNOTATION: epoch.to_string() },
+                },
+                "ports": ports,
+                "endpoints": endpoints,
+            });
+            match self
+                .client
+                .patch(Kind::EndpointSlice, ns, &self.name, PatchType::Merge, &body)
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(e) if e.is_conflict() || e.is_not_found() => {
+                    tracing::debug!(slice = %self.name, error = %e, "reading the slice again");
+                    last = Some(e);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(DiscoveryError::Transient(format!(
+            "kubernetes: EndpointSlice {ns}/{}: still conflicting after {CONFLICT_ATTEMPTS} \
+             attempts: {}",
+            self.name,
+            last.map(|e| e.to_string()).unwrap_or_default()
+        )))
+    }
+}
+
+/// The slice's endpoints reduced to the fields picket sets.
+fn normalized_endpoints(slice: &Value) -> Value {
+    let eps = slice
+        .get("endpoints")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    Value::Array(
+        eps.iter()
+            .map(|ep| {
+                let c = ep.get("conditions").cloned().unwrap_or(Value::Null);
+                json!({
+                    "addresses": ep.get("addresses").cloned().unwrap_or(Value::Null),
+                    "conditions": {
+                        "ready": c.get("ready").cloned().unwrap_or(Value::Null),
+                        "serving": c.get("serving").cloned().unwrap_or(Value::Null),
+                        "terminating": c.get("terminating").cloned().unwrap_or(Value::Null),
+                    },
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The slice's ports reduced to the fields picket sets.
+fn normalized_ports(slice: &Value) -> Value {
+    let ports = slice
+        .get("ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    Value::Array(
+        ports
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.get("name").cloned().unwrap_or(Value::Null),
+                    "port": p.get("port").cloned().unwrap_or(Value::Null),
+                    "protocol": p.get("protocol").cloned().unwrap_or(json!("TCP")),
+                })
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,238 @@
+//! The Kubernetes backend: publishes the master of a group through the
+//! Kubernetes REST API, either as a role label on pods (`pod-labels`, the
+//! dragonfly-operator's contract) or as the one endpoint of an
+//! EndpointSlice picket owns (`endpointslice`, for a selector-less Service).
+//!
+//! Every object picket writes carries the config epoch in the
+//! [`EPOCH_ANNOTATION`]; every write is conditional on the
+//! `metadata.resourceVersion` picket read, after checking that the stored
+//! epoch is not higher than its own (invariant 3). A 409 means someone
+//! wrote in between: read again, check the epoch again, try again.
+//!
+//! `publish` is called by every daemon that learns a new config, so it
+//! writes nothing when the objects already say what it would write.
+
+pub mod client;
+pub mod endpointslice;
+pub mod kubeconfig;
+pub mod podlabels;
+
+use serde_json::Value;
+
+use self::client::KubeClient;
+use self::endpointslice::EndpointSliceWriter;
+use self::kubeconfig::ClusterConfig;
+use self::podlabels::PodLabelWriter;
+use super::{Backend, BoxFuture, DiscoveryError, Fence, Topology};
+use crate::config::{KubernetesConfig, KubernetesMode};
+
+/// The annotation holding the config epoch of the last write.
+pub const EPOCH_ANNOTATION: &str = "picket.io/epoch";
+
+/// How many times a write is re-read and retried after a 409 Conflict.
+pub(crate) const CONFLICT_ATTEMPTS: usize = 5;
+
+/// The Kubernetes discovery backend.
+#[derive(Debug)]
+pub struct KubernetesBackend {
+    mode: Mode,
+    required: bool,
+    name: String,
+    client: KubeClient,
+}
+
+#[derive(Debug)]
+enum Mode {
+    PodLabels(PodLabelWriter),
+    EndpointSlice(EndpointSliceWriter),
+}
+
+impl KubernetesBackend {
+    /// Build the backend: read the kubeconfig (or the in-cluster service
+    /// account) and check the mode's settings. Nothing is sent yet.
+    pub fn new(cfg: &KubernetesConfig) -> Result<Self, DiscoveryError> {
+        let cluster = match &cfg.kubeconfig {
+            Some(path) => ClusterConfig::from_kubeconfig(path, cfg.context.as_deref()),
+            None => ClusterConfig::in_cluster(),
+        }
+        .map_err(|e| DiscoveryError::Permanent(format!("kubernetes: {e}")))?;
+        let client = KubeClient::new(cluster, cfg.timeout)?;
+        Self::with_client(cfg, client)
+    }
+
+    /// Build the backend around an existing client (tests shorten its retry budget).
+    pub fn with_client(cfg: &KubernetesConfig, client: KubeClient) -> Result<Self, DiscoveryError> {
+        let bad = |m: String| DiscoveryError::Permanent(format!("kubernetes: {m}"));
+        if cfg.namespace.trim().is_empty() {
+            return Err(bad("`namespace` must not be empty".into()));
+        }
+        let (mode, target) = match cfg.mode {
+            KubernetesMode::PodLabels => {
+                let selector = cfg
+                    .pod_selector
+                    .as_deref()
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| bad("pod-labels mode needs `pod_selector`".into()))?;
+                for (what, v) in [
+                    ("role_label", &cfg.role_label),
+                    ("master_value", &cfg.master_value),
+                    ("replica_value", &cfg.replica_value),
+                ] {
+                    if v.trim().is_empty() {
+                        return Err(bad(format!("`{what}` must not be empty")));
+                    }
+                }
+                if cfg.master_value == cfg.replica_value {
+                    return Err(bad("`master_value` and `replica_value` must differ".into()));
+                }
+                (
+                    Mode::PodLabels(PodLabelWriter::new(
+                        client.clone(),
+                        &cfg.namespace,
+                        selector,
+                        &cfg.role_label,
+                        &cfg.master_value,
+                        &cfg.replica_value,
+                    )),
+                    format!("pods {selector}"),
+                )
+            }
+            KubernetesMode::Endpointslice => {
+                let service = cfg
+                    .service
+                    .as_deref()
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| bad("endpointslice mode needs `service`".into()))?;
+                if cfg.port_name.trim().is_empty() {
+                    return Err(bad("`port_name` must not be empty".into()));
+                }
+                let w = EndpointSliceWriter::new(
+                    client.clone(),
+                    &cfg.namespace,
+                    service,
+                    &cfg.port_name,
+                );
+                let target = format!("endpointslice {}", w.slice_name());
+                (Mode::EndpointSlice(w), target)
+            }
+        };
+        Ok(KubernetesBackend {
+            name: format!("kubernetes:{}/{target}", cfg.namespace),
+            mode,
+            required: cfg.required,
+            client,
+        })
+    }
+
+    /// The client, for callers that need to read from the cluster too.
+    pub fn client(&self) -> &KubeClient {
+        &self.client
+    }
+}
+
+impl Backend for KubernetesBackend {
+    fn kind(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn required(&self) -> bool {
+        self.required
+    }
+
+    fn fence<'a>(&'a self, fence: &'a Fence) -> BoxFuture<'a, Result<(), DiscoveryError>> {
+        Box::pin(async move {
+            match &self.mode {
+                Mode::PodLabels(w) => w.fence(fence).await,
+                Mode::EndpointSlice(w) => w.fence(fence).await,
+            }
+        })
+    }
+
+    fn publish<'a>(&'a self, topology: &'a Topology) -> BoxFuture<'a, Result<(), DiscoveryError>> {
+        Box::pin(async move {
+            match &self.mode {
+                Mode::PodLabels(w) => w.publish(topology).await,
+                Mode::EndpointSlice(w) => w.publish(topology).await,
+            }
+        })
+    }
+}
+
+/// The epoch an object carries; `None` when it has none. An unparsable
+/// value counts as none (it is not an epoch picket wrote), with a warning.
+pub(crate) fn stored_epoch(obj: &Value) -> Option<u64> {
+    let raw = obj
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(EPOCH_ANNOTATION))
+        .and_then(Value::as_str)?;
+    match raw.trim().parse() {
+        Ok(e) => Some(e),
+        Err(_) => {
+            let name = object_name(obj);
+            tracing::warn!(
+                object = %name,
+                value = raw,
+                "ignoring an unparsable {EPOCH_ANNOTATION} annotation"
+            );
+            None
+        }
+    }
+}
+
+/// `metadata.resourceVersion` (empty when absent).
+pub(crate) fn resource_version(obj: &Value) -> String {
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// `metadata.name` (empty when absent).
+pub(crate) fn object_name(obj: &Value) -> String {
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// One label's value.
+pub(crate) fn label<'v>(obj: &'v Value, key: &str) -> Option<&'v str> {
+    obj.pointer("/metadata/labels")
+        .and_then(|l| l.get(key))
+        .and_then(Value::as_str)
+}
+
+/// `Stale` when the object holds a higher epoch than `ours`.
+pub(crate) fn check_epoch(obj: &Value, ours: u64) -> Result<Option<u64>, DiscoveryError> {
+    let stored = stored_epoch(obj);
+    match stored {
+        Some(s) if s > ours => Err(DiscoveryError::Stale { stored: s, ours }),
+        _ => Ok(stored),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn epoch_annotation() {
+        let o = json!({"metadata":{"name":"p","annotations":{"picket.io/epoch":"7"}}});
+        assert_eq!(stored_epoch(&o), Some(7));
+        assert_eq!(check_epoch(&o, 7).unwrap(), Some(7));
+        assert_eq!(
+            check_epoch(&o, 6).unwrap_err(),
+            DiscoveryError::Stale { stored: 7, ours: 6 }
+        );
+        let junk = json!({"metadata":{"annotations":{"picket.io/epoch":"x"}}});
+        assert_eq!(stored_epoch(&junk), None);
+        assert_eq!(stored_epoch(&json!({"metadata":{}})), None);
+    }
+}

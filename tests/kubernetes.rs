@@ -1,0 +1,1127 @@
+//! The Kubernetes backend against the fake API server in tests/support.
+
+#[path = "support/fake_kube.rs"]
+mod fake_kube;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use fake_kube::{DEFAULT_TOKEN, FakeKind, FakeKube, LoggedRequest, unrelated_ca_pem};
+use picket::addr::Addr;
+use picket::config::{KubernetesConfig, KubernetesMode};
+use picket::discovery::kubernetes::client::{Kind, KubeClient, PatchType, RetryPolicy};
+use picket::discovery::kubernetes::kubeconfig::{ClusterConfig, InClusterSource};
+use picket::discovery::kubernetes::{EPOCH_ANNOTATION, KubernetesBackend};
+use picket::discovery::{Backend, DiscoveryError, Fence, Reporter, Topology};
+use serde_json::{Value, json};
+
+const NS: &str = "cache";
+
+fn cfg(kubeconfig: &Path, mode: KubernetesMode) -> KubernetesConfig {
+    KubernetesConfig {
+        kubeconfig: Some(kubeconfig.to_path_buf()),
+        context: None,
+        namespace: NS.into(),
+        mode,
+        pod_selector: Some("app=cache".into()),
+        role_label: "role".into(),
+        master_value: "master".into(),
+        replica_value: "replica".into(),
+        service: Some("cache".into()),
+        port_name: "redis".into(),
+        required: true,
+        timeout: Duration::from_secs(2),
+    }
+}
+
+fn fast_retry() -> RetryPolicy {
+    RetryPolicy {
+        budget: Duration::from_secs(5),
+        initial_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(200),
+    }
+}
+
+/// A kubeconfig whose cluster is `cluster_yaml` (indented fields) and user `user_yaml`.
+fn kubeconfig_with(dir: &Path, cluster_yaml: &str, user_yaml: &str) -> PathBuf {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: test\nclusters:\n- name: fake\n  cluster:\n{cluster_yaml}\nusers:\n- name: picket\n  user:\n{user_yaml}\ncontexts:\n- name: test\n  context:\n    cluster: fake\n    user: picket\n    namespace: {NS}\n"
+    );
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn ca_data(fake: &FakeKube) -> String {
+    format!(
+        "    server: {}\n    certificate-authority-data: {}",
+        fake.url(),
+        B64.encode(fake.ca_pem())
+    )
+}
+
+fn token_kubeconfig(dir: &Path, fake: &FakeKube, token: &str) -> PathBuf {
+    kubeconfig_with(dir, &ca_data(fake), &format!("    token: {token}"))
+}
+
+fn backend_from(path: &Path, mode: KubernetesMode) -> KubernetesBackend {
+    let c = cfg(path, mode);
+    let cluster = ClusterConfig::from_kubeconfig(path, None).unwrap();
+    let client = KubeClient::new(cluster, c.timeout)
+        .unwrap()
+        .with_retry(fast_retry());
+    KubernetesBackend::with_client(&c, client).unwrap()
+}
+
+fn seed_pods(fake: &FakeKube) {
+    fake.add_pod(
+        NS,
+        "cache-0",
+        "10.0.0.1",
+        &[("app", "cache"), ("role", "master")],
+    );
+    fake.add_pod(
+        NS,
+        "cache-1",
+        "10.0.0.2",
+        &[("app", "cache"), ("role", "replica")],
+    );
+    fake.add_pod(
+        NS,
+        "cache-2",
+        "10.0.0.3",
+        &[("app", "cache"), ("role", "replica")],
+    );
+    // Not selected: must never be touched.
+    fake.add_pod(
+        NS,
+        "web-0",
+        "10.0.0.9",
+        &[("app", "web"), ("role", "master")],
+    );
+}
+
+fn topo(epoch: u64, master: &str, old: Option<&str>) -> Topology {
+    Topology {
+        group: "cache".into(),
+        epoch,
+        master: master.parse().unwrap(),
+        old_master: old.map(|o| o.parse().unwrap()),
+        replicas: vec![],
+        reporter: Reporter::Leader,
+    }
+}
+
+fn fence(epoch: u64, old: &str) -> Fence {
+    Fence {
+        group: "cache".into(),
+        epoch,
+        old_master: old.parse::<Addr>().unwrap(),
+    }
+}
+
+fn role(fake: &FakeKube, pod: &str) -> Option<String> {
+    fake.label(FakeKind::Pod, NS, pod, "role")
+}
+
+fn epoch_of(obj: &Value) -> Option<&str> {
+    obj["metadata"]["annotations"][EPOCH_ANNOTATION].as_str()
+}
+
+fn pod_name(r: &LoggedRequest) -> &str {
+    r.path.rsplit('/').next().unwrap()
+}
+
+// ---- pod-labels ----
+
+#[tokio::test]
+async fn pod_labels_fence_then_publish_in_gated_order() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::PodLabels,
+    );
+    assert_eq!(b.kind(), "kubernetes");
+    assert!(b.required());
+
+    let rv_before =
+        fake.object(FakeKind::Pod, NS, "cache-0").unwrap()["metadata"]["resourceVersion"].clone();
+    b.fence(&fence(5, "10.0.0.1:6379")).await.unwrap();
+    assert_eq!(role(&fake, "cache-0"), None, "fence removes the role label");
+    let writes = fake.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    let w = &writes[0];
+    assert_eq!(w.method, "PATCH");
+    assert_eq!(w.path, "/api/v1/namespaces/cache/pods/cache-0");
+    assert_eq!(
+        w.content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    let body = w.json();
+    assert_eq!(
+        body["metadata"]["resourceVersion"], rv_before,
+        "precondition on what was read"
+    );
+    assert_eq!(body["metadata"]["labels"]["role"], Value::Null);
+    assert_eq!(body["metadata"]["annotations"][EPOCH_ANNOTATION], "5");
+    // The list used the selector.
+    let list = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.path.ends_with("/pods"))
+        .unwrap();
+    assert!(
+        list.query
+            .as_deref()
+            .unwrap()
+            .starts_with("labelSelector=app%3Dcache"),
+        "{list:?}"
+    );
+
+    fake.clear_requests();
+    b.publish(&topo(5, "10.0.0.2:6379", Some("10.0.0.1:6379")))
+        .await
+        .unwrap();
+    assert_eq!(role(&fake, "cache-1").as_deref(), Some("master"));
+    assert_eq!(role(&fake, "cache-0").as_deref(), Some("replica"));
+    assert_eq!(role(&fake, "cache-2").as_deref(), Some("replica"));
+    assert_eq!(
+        role(&fake, "web-0").as_deref(),
+        Some("master"),
+        "unselected pod untouched"
+    );
+    for p in ["cache-0", "cache-1", "cache-2"] {
+        let o = fake.object(FakeKind::Pod, NS, p).unwrap();
+        assert_eq!(epoch_of(&o), Some("5"), "{p}");
+    }
+    for w in fake.writes() {
+        assert_eq!(
+            w.content_type.as_deref(),
+            Some("application/merge-patch+json")
+        );
+        assert!(w.json()["metadata"]["resourceVersion"].is_string(), "{w:?}");
+        assert_eq!(w.json()["metadata"]["annotations"][EPOCH_ANNOTATION], "5");
+        assert_ne!(pod_name(&w), "web-0");
+    }
+
+    // Idempotent: a second publish (another daemon) writes nothing.
+    fake.clear_requests();
+    b.publish(&topo(5, "10.0.0.2:6379", None)).await.unwrap();
+    assert!(fake.writes().is_empty(), "{:?}", fake.writes());
+    // A retried fence of the same epoch does not undo that epoch's publish.
+    b.fence(&fence(5, "10.0.0.1:6379")).await.unwrap();
+    assert!(fake.writes().is_empty(), "{:?}", fake.writes());
+    assert_eq!(role(&fake, "cache-0").as_deref(), Some("replica"));
+}
+
+#[tokio::test]
+async fn pod_labels_publish_demotes_old_master_before_promoting() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    // A second pod wrongly labelled master too.
+    fake.add_pod(
+        NS,
+        "cache-3",
+        "10.0.0.4",
+        &[("app", "cache"), ("role", "master")],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::PodLabels,
+    );
+
+    b.publish(&topo(7, "10.0.0.3:6379", Some("10.0.0.1:6379")))
+        .await
+        .unwrap();
+    let writes = fake.writes();
+    let gain = writes
+        .iter()
+        .position(|w| w.json()["metadata"]["labels"]["role"] == "master")
+        .expect("a write gives the master label");
+    assert_eq!(pod_name(&writes[gain]), "cache-2");
+    let losses: Vec<usize> = writes
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| ["cache-0", "cache-3"].contains(&pod_name(w)))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(losses.len(), 2, "{writes:?}");
+    assert!(
+        losses.iter().all(|&i| i < gain),
+        "old masters lose the label first: {writes:?}"
+    );
+    // Between the last loss and the gain, the pods were listed again (gating check).
+    let reqs = fake.requests();
+    let gain_at = reqs
+        .iter()
+        .position(|r| r.is_write() && r.json()["metadata"]["labels"]["role"] == "master")
+        .unwrap();
+    let last_loss_at = reqs
+        .iter()
+        .rposition(|r| r.is_write() && pod_name(r) == "cache-3")
+        .unwrap();
+    assert!(
+        reqs[last_loss_at..gain_at]
+            .iter()
+            .any(|r| r.path.ends_with("/pods") && r.method == "GET")
+    );
+    let masters: Vec<String> = ["cache-0", "cache-1", "cache-2", "cache-3"]
+        .into_iter()
+        .filter(|p| role(&fake, p).as_deref() == Some("master"))
+        .map(String::from)
+        .collect();
+    assert_eq!(masters, vec!["cache-2"]);
+}
+
+#[tokio::test]
+async fn pod_labels_stale_epoch_is_refused_without_writing() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    fake.set_annotation(FakeKind::Pod, NS, "cache-2", EPOCH_ANNOTATION, "9");
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::PodLabels,
+    );
+
+    let e = b
+        .publish(&topo(5, "10.0.0.2:6379", None))
+        .await
+        .unwrap_err();
+    assert_eq!(e, DiscoveryError::Stale { stored: 9, ours: 5 });
+    fake.set_annotation(FakeKind::Pod, NS, "cache-0", EPOCH_ANNOTATION, "8");
+    let e = b.fence(&fence(5, "10.0.0.1:6379")).await.unwrap_err();
+    assert_eq!(e, DiscoveryError::Stale { stored: 8, ours: 5 });
+    assert!(fake.writes().is_empty(), "{:?}", fake.writes());
+    assert_eq!(role(&fake, "cache-0").as_deref(), Some("master"));
+
+    // A higher epoch goes through.
+    b.publish(&topo(9, "10.0.0.2:6379", None)).await.unwrap();
+    assert_eq!(role(&fake, "cache-1").as_deref(), Some("master"));
+}
+
+#[tokio::test]
+async fn pod_labels_conflict_rereads_and_retries() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::PodLabels,
+    );
+    fake.conflict_next_writes(2);
+    b.fence(&fence(3, "10.0.0.1:6379")).await.unwrap();
+    let reqs: Vec<(String, u16)> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/cache-0"))
+        .map(|r| (r.method.clone(), r.status))
+        .collect();
+    let expect = [
+        ("GET", 200),
+        ("PATCH", 409),
+        ("GET", 200),
+        ("PATCH", 409),
+        ("GET", 200),
+        ("PATCH", 200),
+    ];
+    let expect: Vec<(String, u16)> = expect.iter().map(|(m, s)| (m.to_string(), *s)).collect();
+    assert_eq!(reqs, expect);
+    let pod = fake.object(FakeKind::Pod, NS, "cache-0").unwrap();
+    assert_eq!(pod["metadata"]["labels"]["role"], Value::Null);
+    assert_eq!(epoch_of(&pod), Some("3"));
+    assert!(
+        pod["metadata"]["annotations"]["fake.picket.io/touched"].is_string(),
+        "the other writer's change survives"
+    );
+}
+
+#[tokio::test]
+async fn pod_labels_unknown_master_ip_is_a_clear_error() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::PodLabels,
+    );
+    let e = b
+        .publish(&topo(2, "10.9.9.9:6379", None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("10.9.9.9")),
+        "{e:?}"
+    );
+    assert!(fake.writes().is_empty());
+    // Fencing a pod that no longer exists is not an error.
+    b.fence(&fence(2, "10.9.9.9:6379")).await.unwrap();
+}
+
+// ---- endpointslice ----
+
+fn slice(fake: &FakeKube) -> Value {
+    fake.object(FakeKind::EndpointSlice, NS, "cache-picket")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn endpointslice_create_update_fence() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::Endpointslice,
+    );
+    assert!(b.name().contains("cache-picket"), "{}", b.name());
+
+    b.publish(&topo(3, "10.0.0.1:6379", None)).await.unwrap();
+    let s = slice(&fake);
+    assert_eq!(s["addressType"], "IPv4");
+    assert_eq!(
+        s["metadata"]["labels"]["kubernetes.io/service-name"],
+        "cache"
+    );
+    assert_eq!(
+        s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"],
+        "picket.io"
+    );
+    assert_eq!(epoch_of(&s), Some("3"));
+    assert_eq!(
+        s["ports"],
+        json!([{"name": "redis", "port": 6379, "protocol": "TCP"}])
+    );
+    assert_eq!(
+        s["endpoints"],
+        json!([{"addresses": ["10.0.0.1"], "conditions": {"ready": true, "serving": true, "terminating": false}}])
+    );
+    let w = fake.writes();
+    assert_eq!(w.len(), 1);
+    assert_eq!(
+        (w[0].method.as_str(), w[0].content_type.as_deref()),
+        ("POST", Some("application/json"))
+    );
+
+    fake.clear_requests();
+    let rv = s["metadata"]["resourceVersion"].clone();
+    b.publish(&topo(4, "10.0.0.2:6380", Some("10.0.0.1:6379")))
+        .await
+        .unwrap();
+    let s = slice(&fake);
+    assert_eq!(
+        s["endpoints"],
+        json!([{"addresses": ["10.0.0.2"], "conditions": {"ready": true, "serving": true, "terminating": false}}])
+    );
+    assert_eq!(
+        s["ports"],
+        json!([{"name": "redis", "port": 6380, "protocol": "TCP"}])
+    );
+    assert_eq!(epoch_of(&s), Some("4"));
+    let w = fake.writes();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w[0].method, "PATCH");
+    assert_eq!(
+        w[0].content_type.as_deref(),
+        Some("application/merge-patch+json")
+    );
+    assert_eq!(w[0].json()["metadata"]["resourceVersion"], rv);
+
+    // Idempotent.
+    fake.clear_requests();
+    b.publish(&topo(4, "10.0.0.2:6380", None)).await.unwrap();
+    assert!(fake.writes().is_empty());
+
+    // A retried fence of epoch 4 must not undo epoch 4's master.
+    b.fence(&fence(4, "10.0.0.1:6379")).await.unwrap();
+    assert!(fake.writes().is_empty());
+    assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.2");
+
+    b.fence(&fence(5, "10.0.0.2:6380")).await.unwrap();
+    let s = slice(&fake);
+    assert_eq!(s["endpoints"], json!([]));
+    assert_eq!(epoch_of(&s), Some("5"));
+    fake.clear_requests();
+    b.fence(&fence(5, "10.0.0.2:6380")).await.unwrap();
+    assert!(fake.writes().is_empty(), "already fenced");
+}
+
+#[tokio::test]
+async fn endpointslice_fence_creates_an_empty_slice() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::Endpointslice,
+    );
+    b.fence(&fence(2, "10.0.0.1:6379")).await.unwrap();
+    let s = slice(&fake);
+    assert_eq!(s["endpoints"], json!([]));
+    assert_eq!(epoch_of(&s), Some("2"));
+}
+
+#[tokio::test]
+async fn endpointslice_stale_epoch_is_refused_without_writing() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::Endpointslice,
+    );
+    b.publish(&topo(3, "10.0.0.1:6379", None)).await.unwrap();
+    fake.set_annotation(
+        FakeKind::EndpointSlice,
+        NS,
+        "cache-picket",
+        EPOCH_ANNOTATION,
+        "10",
+    );
+    fake.clear_requests();
+    let e = b
+        .publish(&topo(4, "10.0.0.2:6379", None))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        DiscoveryError::Stale {
+            stored: 10,
+            ours: 4
+        }
+    );
+    let e = b.fence(&fence(4, "10.0.0.1:6379")).await.unwrap_err();
+    assert_eq!(
+        e,
+        DiscoveryError::Stale {
+            stored: 10,
+            ours: 4
+        }
+    );
+    assert!(fake.writes().is_empty());
+    assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.1");
+}
+
+#[tokio::test]
+async fn endpointslice_conflict_rereads_and_retries() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::Endpointslice,
+    );
+    b.publish(&topo(3, "10.0.0.1:6379", None)).await.unwrap();
+    fake.clear_requests();
+    fake.conflict_next_writes(1);
+    b.publish(&topo(4, "10.0.0.2:6379", None)).await.unwrap();
+    let statuses: Vec<(String, u16)> = fake
+        .requests()
+        .iter()
+        .map(|r| (r.method.clone(), r.status))
+        .collect();
+    assert_eq!(
+        statuses,
+        [("GET", 200), ("PATCH", 409), ("GET", 200), ("PATCH", 200)]
+            .iter()
+            .map(|(m, s)| (m.to_string(), *s))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.2");
+}
+
+#[tokio::test]
+async fn endpointslice_wrong_address_type_is_permanent() {
+    let fake = FakeKube::start().await;
+    fake.put_object(
+        FakeKind::EndpointSlice,
+        NS,
+        json!({"metadata": {"name": "cache-picket"}, "addressType": "IPv6", "endpoints": []}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::Endpointslice,
+    );
+    let e = b
+        .publish(&topo(1, "10.0.0.1:6379", None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("IPv6")),
+        "{e:?}"
+    );
+    let e = b
+        .publish(&topo(1, "cache-0.example:6379", None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("IPv4")),
+        "{e:?}"
+    );
+}
+
+// ---- retries, errors ----
+
+#[tokio::test]
+async fn server_error_storm_then_success() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::Endpointslice,
+    );
+    fake.fail_next(4, 503);
+    b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
+    let st: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
+    assert_eq!(&st[..5], &[503, 503, 503, 503, 404], "{st:?}");
+    assert_eq!(st.last(), Some(&201));
+    // Backoff: the retries were spaced, not immediate.
+    let r = fake.requests();
+    assert!(r[4].at.duration_since(r[0].at) >= Duration::from_millis(20 + 40 + 80) / 2);
+}
+
+#[tokio::test]
+async fn server_errors_beyond_the_budget_are_transient() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN);
+    let c = cfg(&path, KubernetesMode::Endpointslice);
+    let client = KubeClient::new(
+        ClusterConfig::from_kubeconfig(&path, None).unwrap(),
+        c.timeout,
+    )
+    .unwrap()
+    .with_retry(RetryPolicy {
+        budget: Duration::from_millis(500),
+        ..fast_retry()
+    });
+    let b = KubernetesBackend::with_client(&c, client).unwrap();
+    fake.fail_next(1000, 500);
+    let started = std::time::Instant::now();
+    let e = b
+        .publish(&topo(1, "10.0.0.1:6379", None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Transient(m) if m.contains("500")),
+        "{e:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the budget bounds the call"
+    );
+    assert!(fake.requests().len() >= 3, "it retried");
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::Endpointslice,
+    );
+    fake.throttle_next(1, 1);
+    b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
+    let r = fake.requests();
+    assert_eq!(r[0].status, 429);
+    let gap = r[1].at.duration_since(r[0].at);
+    assert!(
+        gap >= Duration::from_millis(950),
+        "waited {gap:?}, Retry-After said 1 s"
+    );
+}
+
+#[tokio::test]
+async fn timeout_is_retried() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN);
+    let c = cfg(&path, KubernetesMode::Endpointslice);
+    let client = KubeClient::new(
+        ClusterConfig::from_kubeconfig(&path, None).unwrap(),
+        Duration::from_millis(300),
+    )
+    .unwrap()
+    .with_retry(fast_retry());
+    let b = KubernetesBackend::with_client(&c, client).unwrap();
+    fake.slow_next(1, Duration::from_secs(3));
+    b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
+    assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.1");
+    // The first GET was abandoned at the timeout and retried.
+    let r = fake.requests();
+    assert_eq!((r[0].method.as_str(), r[0].status), ("GET", 0), "{r:?}");
+    assert_eq!((r[1].method.as_str(), r[1].status), ("GET", 404), "{r:?}");
+    let gap = r[1].at.duration_since(r[0].at);
+    assert!(
+        gap >= Duration::from_millis(300) && gap < Duration::from_millis(2500),
+        "{gap:?}"
+    );
+}
+
+#[tokio::test]
+async fn unauthorized_is_a_clear_permanent_error() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, "wrong-token"),
+        KubernetesMode::Endpointslice,
+    );
+    let e = b
+        .publish(&topo(1, "10.0.0.1:6379", None))
+        .await
+        .unwrap_err();
+    let DiscoveryError::Permanent(m) = &e else {
+        panic!("{e:?}")
+    };
+    assert!(
+        m.contains(&format!("401 Unauthorized from {}", fake.url())),
+        "{m}"
+    );
+    assert!(m.contains("check the token"), "{m}");
+    assert!(!m.contains("wrong-token"), "the token never appears: {m}");
+    assert_eq!(fake.requests().len(), 1, "a fixed token is not retried");
+}
+
+#[tokio::test]
+async fn forbidden_is_a_clear_permanent_error() {
+    let fake = FakeKube::start().await;
+    fake.forbid_token("readonly");
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, "readonly"),
+        KubernetesMode::PodLabels,
+    );
+    let e = b
+        .publish(&topo(1, "10.0.0.1:6379", None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("403 Forbidden") && m.contains("RBAC")),
+        "{e:?}"
+    );
+}
+
+// ---- the client API against the fake ----
+
+#[tokio::test]
+async fn client_api_semantics() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    let dir = tempfile::tempdir().unwrap();
+    let path = token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN);
+    let client = KubeClient::new(
+        ClusterConfig::from_kubeconfig(&path, None).unwrap(),
+        Duration::from_secs(2),
+    )
+    .unwrap()
+    .with_retry(fast_retry());
+
+    let names = |items: Vec<Value>| -> Vec<String> {
+        items
+            .iter()
+            .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let sel = client
+        .list(Kind::Pod, NS, Some("app=cache,role in (master)"))
+        .await
+        .unwrap();
+    assert_eq!(names(sel), vec!["cache-0"]);
+    let sel = client
+        .list(Kind::Pod, NS, Some("role!=master"))
+        .await
+        .unwrap();
+    assert_eq!(names(sel), vec!["cache-1", "cache-2"]);
+    assert_eq!(client.list(Kind::Pod, NS, None).await.unwrap().len(), 4);
+    assert!(
+        client
+            .get_opt(Kind::Pod, NS, "ghost")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // JSON patch with a failing test → 422 Invalid.
+    let e = client
+        .patch(
+            Kind::Pod,
+            NS,
+            "cache-0",
+            PatchType::Json,
+            &json!([{"op": "test", "path": "/metadata/labels/role", "value": "replica"}]),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(422));
+    assert!(!e.is_conflict());
+    let ok = client
+        .patch(
+            Kind::Pod,
+            NS,
+            "cache-0",
+            PatchType::Json,
+            &json!([{"op": "test", "path": "/metadata/labels/role", "value": "master"},
+                    {"op": "replace", "path": "/metadata/labels/role", "value": "replica"}]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok["metadata"]["labels"]["role"], "replica");
+
+    // Create, AlreadyExists, replace with a stale resourceVersion → Conflict.
+    let body = json!({"metadata": {"name": "s"}, "addressType": "IPv4", "endpoints": []});
+    let created = client.create(Kind::EndpointSlice, NS, &body).await.unwrap();
+    let e = client
+        .create(Kind::EndpointSlice, NS, &body)
+        .await
+        .unwrap_err();
+    assert!(e.is_already_exists() && !e.is_conflict(), "{e}");
+    let mut upd = created.clone();
+    upd["endpoints"] = json!([{"addresses": ["10.0.0.1"]}]);
+    let replaced = client
+        .replace(Kind::EndpointSlice, NS, "s", &upd)
+        .await
+        .unwrap();
+    assert_ne!(
+        replaced["metadata"]["resourceVersion"],
+        created["metadata"]["resourceVersion"]
+    );
+    let e = client
+        .replace(Kind::EndpointSlice, NS, "s", &upd)
+        .await
+        .unwrap_err();
+    assert!(e.is_conflict(), "{e}");
+    assert!(
+        e.to_string().contains("the object has been modified"),
+        "{e}"
+    );
+    let list = client.list(Kind::EndpointSlice, NS, None).await.unwrap();
+    assert_eq!(list.len(), 1);
+}
+
+// ---- kubeconfig and in-cluster variants ----
+
+async fn assert_works(path: &Path, fake: &FakeKube) {
+    let b = backend_from(path, KubernetesMode::Endpointslice);
+    b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
+    assert_eq!(slice(fake)["endpoints"][0]["addresses"][0], "10.0.0.1");
+}
+
+#[tokio::test]
+async fn kubeconfig_token_file_and_ca_file() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sec")).unwrap();
+    std::fs::write(dir.path().join("sec/token"), format!("{DEFAULT_TOKEN}\n")).unwrap();
+    std::fs::write(dir.path().join("ca.pem"), fake.ca_pem()).unwrap();
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!(
+            "    server: {}\n    certificate-authority: ca.pem",
+            fake.url()
+        ),
+        "    tokenFile: sec/token",
+    );
+    assert_works(&path, &fake).await;
+}
+
+#[tokio::test]
+async fn kubeconfig_backend_new_reads_the_file() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN);
+    let b = KubernetesBackend::new(&cfg(&path, KubernetesMode::Endpointslice)).unwrap();
+    b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
+    assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.1");
+
+    let mut c = cfg(&path, KubernetesMode::PodLabels);
+    c.pod_selector = None;
+    let e = KubernetesBackend::new(&c).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("pod_selector")),
+        "{e:?}"
+    );
+    let mut c = cfg(&path, KubernetesMode::Endpointslice);
+    c.service = None;
+    let e = KubernetesBackend::new(&c).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("service")),
+        "{e:?}"
+    );
+    let mut c = cfg(&path, KubernetesMode::Endpointslice);
+    c.kubeconfig = Some(dir.path().join("missing"));
+    let e = KubernetesBackend::new(&c).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("missing")),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn kubeconfig_client_certificate_data_and_files() {
+    let fake = FakeKube::start().await;
+    let (cert, key) = fake.issue_client_cert("picket");
+    let dir = tempfile::tempdir().unwrap();
+    let path = kubeconfig_with(
+        dir.path(),
+        &ca_data(&fake),
+        &format!(
+            "    client-certificate-data: {}\n    client-key-data: {}",
+            B64.encode(cert.trim_end()),
+            B64.encode(&key)
+        ),
+    );
+    assert_works(&path, &fake).await;
+
+    // From files, relative to the kubeconfig; the cert has no trailing newline.
+    let dir2 = tempfile::tempdir().unwrap();
+    std::fs::write(dir2.path().join("c.pem"), cert.trim_end()).unwrap();
+    std::fs::write(dir2.path().join("k.pem"), &key).unwrap();
+    let path = kubeconfig_with(
+        dir2.path(),
+        &ca_data(&fake),
+        "    client-certificate: c.pem\n    client-key: k.pem",
+    );
+    let b = backend_from(&path, KubernetesMode::Endpointslice);
+    b.publish(&topo(2, "10.0.0.2:6379", None)).await.unwrap();
+    assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.2");
+
+    // Without a token or certificate: 401.
+    let dir3 = tempfile::tempdir().unwrap();
+    let path = kubeconfig_with(dir3.path(), &ca_data(&fake), "    {}");
+    let b = backend_from(&path, KubernetesMode::Endpointslice);
+    let e = b
+        .publish(&topo(3, "10.0.0.3:6379", None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("401")),
+        "{e:?}"
+    );
+}
+
+#[tokio::test]
+async fn kubeconfig_wrong_ca_insecure_and_server_name() {
+    let fake = FakeKube::start_with_names(&["kube.picket.test"]).await;
+    let dir = tempfile::tempdir().unwrap();
+
+    // The certificate has no 127.0.0.1 SAN: refused without tls-server-name.
+    let path = token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN);
+    let b = backend_from(&path, KubernetesMode::Endpointslice);
+    let e = b
+        .publish(&topo(1, "10.0.0.1:6379", None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("TLS")),
+        "{e:?}"
+    );
+    assert!(fake.requests().is_empty());
+
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!("{}\n    tls-server-name: kube.picket.test", ca_data(&fake)),
+        &format!("    token: {DEFAULT_TOKEN}"),
+    );
+    assert_works(&path, &fake).await;
+
+    // A CA that did not sign the server certificate.
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!(
+            "    server: {}\n    certificate-authority-data: {}\n    tls-server-name: kube.picket.test",
+            fake.url(),
+            B64.encode(unrelated_ca_pem())
+        ),
+        &format!("    token: {DEFAULT_TOKEN}"),
+    );
+    let b = backend_from(&path, KubernetesMode::Endpointslice);
+    let e = b
+        .publish(&topo(2, "10.0.0.2:6379", None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("TLS")),
+        "{e:?}"
+    );
+
+    // insecure-skip-tls-verify: no CA at all.
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!(
+            "    server: {}\n    insecure-skip-tls-verify: true",
+            fake.url()
+        ),
+        &format!("    token: {DEFAULT_TOKEN}"),
+    );
+    let b = backend_from(&path, KubernetesMode::Endpointslice);
+    b.publish(&topo(3, "10.0.0.3:6379", None)).await.unwrap();
+    assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.3");
+}
+
+const EXEC_SCRIPT: &str = r#"#!/bin/sh
+n=$(( $(cat "$STATE/count" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$STATE/count"
+printf '%s' "$KUBERNETES_EXEC_INFO" > "$STATE/info"
+if [ "$MODE" = "expired" ]; then exp="2000-01-01T00:00:00Z"; else exp=$(date -u -d '+1 hour' +%Y-%m-%dT%H:%M:%SZ); fi
+if [ "$MODE" = "slow" ]; then exec sleep 5; fi
+if [ "$MODE" = "cert" ]; then
+  printf '{"apiVersion":"client.authentication.k8s.io/v1beta1","kind":"ExecCredential","status":{"clientCertificateData":"%s","clientKeyData":"%s"}}' "$(cat "$STATE/cert" | awk '{printf "%s\\n", $0}')" "$(cat "$STATE/key" | awk '{printf "%s\\n", $0}')"
+  exit 0
+fi
+printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"exec-token-%s","expirationTimestamp":"%s"}}' "$n" "$exp"
+"#;
+
+fn exec_kubeconfig(dir: &Path, fake: &FakeKube, mode: &str, api: &str) -> PathBuf {
+    let script = dir.join("plugin.sh");
+    std::fs::write(&script, EXEC_SCRIPT).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    kubeconfig_with(
+        dir,
+        &ca_data(fake),
+        &format!(
+            "    exec:\n      apiVersion: {api}\n      command: ./plugin.sh\n      interactiveMode: Never\n      provideClusterInfo: true\n      env:\n      - {{name: STATE, value: \"{}\"}}\n      - {{name: MODE, value: \"{mode}\"}}",
+            dir.display()
+        ),
+    )
+}
+
+fn runs(dir: &Path) -> u32 {
+    std::fs::read_to_string(dir.join("count"))
+        .map(|s| s.trim().parse().unwrap())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn exec_plugin_token_is_cached_and_rerun_on_401() {
+    let fake = FakeKube::start().await;
+    fake.set_tokens(&["exec-token-1"]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = exec_kubeconfig(dir.path(), &fake, "ok", "client.authentication.k8s.io/v1");
+    let b = backend_from(&path, KubernetesMode::Endpointslice);
+    b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
+    b.publish(&topo(2, "10.0.0.2:6379", None)).await.unwrap();
+    assert!(fake.requests().len() >= 4);
+    assert_eq!(runs(dir.path()), 1, "cached until expirationTimestamp");
+    let info: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("info")).unwrap()).unwrap();
+    assert_eq!(info["kind"], "ExecCredential");
+    assert_eq!(info["spec"]["interactive"], false);
+    assert_eq!(info["spec"]["cluster"]["server"], fake.url());
+
+    // The server stops accepting the token: 401 → the plugin runs again.
+    fake.set_tokens(&["exec-token-2"]);
+    b.publish(&topo(3, "10.0.0.3:6379", None)).await.unwrap();
+    assert_eq!(runs(dir.path()), 2);
+    assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.3");
+}
+
+#[tokio::test]
+async fn exec_plugin_expired_credential_is_not_cached() {
+    let fake = FakeKube::start().await;
+    fake.set_tokens(&[
+        "exec-token-1",
+        "exec-token-2",
+        "exec-token-3",
+        "exec-token-4",
+        "exec-token-5",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = exec_kubeconfig(
+        dir.path(),
+        &fake,
+        "expired",
+        "client.authentication.k8s.io/v1",
+    );
+    let b = backend_from(&path, KubernetesMode::Endpointslice);
+    b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
+    let n = fake.requests().len() as u32;
+    assert_eq!(
+        runs(dir.path()),
+        n,
+        "one run per request when the credential is expired"
+    );
+}
+
+#[tokio::test]
+async fn exec_plugin_client_certificate_and_timeout() {
+    let fake = FakeKube::start().await;
+    let (cert, key) = fake.issue_client_cert("exec-user");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cert"), cert.trim_end()).unwrap();
+    std::fs::write(dir.path().join("key"), key.trim_end()).unwrap();
+    let path = exec_kubeconfig(
+        dir.path(),
+        &fake,
+        "cert",
+        "client.authentication.k8s.io/v1beta1",
+    );
+    assert_works(&path, &fake).await;
+    assert_eq!(runs(dir.path()), 1);
+
+    let dir2 = tempfile::tempdir().unwrap();
+    let path = exec_kubeconfig(
+        dir2.path(),
+        &fake,
+        "slow",
+        "client.authentication.k8s.io/v1",
+    );
+    let cluster = ClusterConfig::from_kubeconfig(&path, None)
+        .unwrap()
+        .with_exec_timeout(Duration::from_millis(300));
+    let c = cfg(&path, KubernetesMode::Endpointslice);
+    let client = KubeClient::new(cluster, c.timeout)
+        .unwrap()
+        .with_retry(fast_retry());
+    let b = KubernetesBackend::with_client(&c, client).unwrap();
+    let started = std::time::Instant::now();
+    let e = b
+        .publish(&topo(1, "10.0.0.1:6379", None))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Transient(m) if m.contains("timed out")),
+        "{e:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn in_cluster_service_account_rereads_the_token() {
+    let fake = FakeKube::start().await;
+    fake.set_tokens(&["sa-token-1"]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token"), "sa-token-1\n").unwrap();
+    std::fs::write(dir.path().join("ca.crt"), fake.ca_pem()).unwrap();
+    std::fs::write(dir.path().join("namespace"), NS).unwrap();
+    let port = fake.url().rsplit(':').next().unwrap().to_string();
+    let src = InClusterSource {
+        host: Some("127.0.0.1".into()),
+        port: Some(port),
+        dir: dir.path().to_path_buf(),
+    };
+    let cluster = ClusterConfig::in_cluster_from(&src).unwrap();
+    assert_eq!(cluster.server, fake.url());
+    let mut c = cfg(Path::new("/unused"), KubernetesMode::Endpointslice);
+    c.kubeconfig = None;
+    let client = KubeClient::new(cluster, c.timeout)
+        .unwrap()
+        .with_retry(fast_retry());
+    let b = KubernetesBackend::with_client(&c, client).unwrap();
+    b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
+
+    // The kubelet rotates the token; the old one stops working.
+    std::fs::write(dir.path().join("token"), "sa-token-2\n").unwrap();
+    fake.set_tokens(&["sa-token-2"]);
+    fake.clear_requests();
+    b.publish(&topo(2, "10.0.0.2:6379", None)).await.unwrap();
+    assert_eq!(
+        fake.requests()[0].status,
+        401,
+        "the first try used the cached token"
+    );
+    assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.2");
+}

@@ -1,0 +1,1134 @@
+//! A fake Kubernetes API server for picket's tests, faithful where picket
+//! depends on the real one:
+//!
+//! - HTTPS with its own CA; bearer-token auth (401 `Unauthorized` Status for
+//!   a missing or wrong token, 403 `Forbidden` for a token marked
+//!   forbidden) and client-certificate auth verified against its CA;
+//! - pods: list (with `labelSelector`: `a=b`, `a==b`, `a!=b`, `a in (x,y)`,
+//!   `a notin (x)`, `a`, `!a`), get, patch;
+//! - `discovery.k8s.io/v1` EndpointSlices: list, get, create (409
+//!   `AlreadyExists`), replace (PUT), patch;
+//! - patches: merge (`application/merge-patch+json`; strategic merge is
+//!   treated as a merge, which is the same for the maps and atomic lists
+//!   picket writes) and JSON patch (`application/json-patch+json`, a failed
+//!   `test` gives 422 `Invalid`);
+//! - a resourceVersion bumped on every write; a stale
+//!   `metadata.resourceVersion` in a PUT or patch body gives 409 `Conflict`;
+//!   `addressType` of a slice is immutable (422);
+//! - faults: latency, slow requests, 429 with `Retry-After`, 5xx for the next
+//!   N requests, "another writer" touching an object just before the next
+//!   writes (so a conditional write meets a real 409);
+//! - a request log (method, path, query, content type, body, status, time).
+//!
+//! Use from an integration test with
+//! `#[path = "support/fake_kube.rs"] mod fake_kube;`.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+/// The token every fake accepts unless told otherwise.
+pub const DEFAULT_TOKEN: &str = "test-token";
+
+/// Where an object lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FakeKind {
+    /// v1 Pod.
+    Pod,
+    /// discovery.k8s.io/v1 EndpointSlice.
+    EndpointSlice,
+}
+
+impl FakeKind {
+    fn list_kind(self) -> (&'static str, &'static str) {
+        match self {
+            FakeKind::Pod => ("PodList", "v1"),
+            FakeKind::EndpointSlice => ("EndpointSliceList", "discovery.k8s.io/v1"),
+        }
+    }
+    fn kind(self) -> (&'static str, &'static str) {
+        match self {
+            FakeKind::Pod => ("Pod", "v1"),
+            FakeKind::EndpointSlice => ("EndpointSlice", "discovery.k8s.io/v1"),
+        }
+    }
+    fn resource(self) -> &'static str {
+        match self {
+            FakeKind::Pod => "pods",
+            FakeKind::EndpointSlice => "endpointslices.discovery.k8s.io",
+        }
+    }
+}
+
+/// One request the fake received.
+#[derive(Debug, Clone)]
+pub struct LoggedRequest {
+    /// Sequence number.
+    pub id: u64,
+    /// HTTP method.
+    pub method: String,
+    /// Path without the query.
+    pub path: String,
+    /// Raw query string, if any.
+    pub query: Option<String>,
+    /// Content-Type header, if any.
+    pub content_type: Option<String>,
+    /// The body as text.
+    pub body: String,
+    /// The status the fake answered; 0 while unanswered (or when the
+    /// client gave up before the answer).
+    pub status: u16,
+    /// When the request arrived.
+    pub at: Instant,
+}
+
+impl LoggedRequest {
+    /// The body parsed as JSON (Null when empty or invalid).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or(Value::Null)
+    }
+    /// Whether this is a write (not a GET).
+    pub fn is_write(&self) -> bool {
+        self.method != "GET"
+    }
+}
+
+#[derive(Default)]
+struct State {
+    objects: BTreeMap<(FakeKind, String, String), Value>,
+    revision: u64,
+    tokens: HashSet<String>,
+    forbidden: HashSet<String>,
+    latency: Duration,
+    slow_next: Vec<Duration>,
+    fail_next: Vec<u16>,
+    throttle_next: Vec<u64>,
+    conflict_next_writes: usize,
+    log: Vec<LoggedRequest>,
+    next_log_id: u64,
+}
+
+impl State {
+    fn next_rv(&mut self) -> String {
+        self.revision += 1;
+        self.revision.to_string()
+    }
+}
+
+/// A running fake API server; stops when dropped.
+pub struct FakeKube {
+    url: String,
+    ca_pem: String,
+    issuer: Arc<Issuer<'static, KeyPair>>,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeKube {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A fresh self-signed CA (certificate PEM, issuer).
+fn new_ca(cn: &str) -> (String, Issuer<'static, KeyPair>) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, cn);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let cert = params.self_signed(&key).unwrap();
+    (cert.pem(), Issuer::new(params, key))
+}
+
+/// The PEM of a CA that has nothing to do with any fake (for negative tests).
+pub fn unrelated_ca_pem() -> String {
+    new_ca("unrelated-ca").0
+}
+
+impl FakeKube {
+    /// Start on 127.0.0.1:0 with a certificate for `127.0.0.1` and `localhost`.
+    pub async fn start() -> FakeKube {
+        Self::start_with_names(&["127.0.0.1", "localhost"]).await
+    }
+
+    /// Start with a server certificate for exactly `names` (DNS names or IPs).
+    pub async fn start_with_names(names: &[&str]) -> FakeKube {
+        picket::tls::install_crypto_provider();
+        let (ca_pem, issuer) = new_ca("fake-kube-ca");
+        let server_key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "fake-kube-apiserver");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let server_cert = params.signed_by(&server_key, &issuer).unwrap();
+
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+            .unwrap();
+        let client_verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .allow_unauthenticated()
+        .build()
+        .unwrap();
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_client_cert_verifier(client_verifier)
+            .with_single_cert(
+                vec![server_cert.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der())),
+            )
+            .unwrap();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = TlsAcceptor::from(Arc::new(cfg));
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State {
+            tokens: [DEFAULT_TOKEN.to_string()].into_iter().collect(),
+            ..State::default()
+        }));
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let has_cert = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .is_some_and(|c| !c.is_empty());
+                    let svc = hyper::service::service_fn(move |req| {
+                        let st = st.clone();
+                        async move { Ok::<_, Infallible>(handle(st, req, has_cert).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+        FakeKube {
+            url: format!("https://{addr}"),
+            ca_pem,
+            issuer: Arc::new(issuer),
+            state,
+            task,
+        }
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The PEM of the CA that signed the server certificate (and verifies client certificates).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    fn st(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A client certificate and key (PEM) signed by the fake's CA.
+    pub fn issue_client_cert(&self, cn: &str) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// Replace the set of accepted bearer tokens.
+    pub fn set_tokens(&self, tokens: &[&str]) {
+        self.st().tokens = tokens.iter().map(|s| s.to_string()).collect();
+    }
+
+    /// Answer 403 to this (otherwise valid) token.
+    pub fn forbid_token(&self, token: &str) {
+        let mut st = self.st();
+        st.tokens.insert(token.to_string());
+        st.forbidden.insert(token.to_string());
+    }
+
+    /// Delay every request by `d`.
+    pub fn set_latency(&self, d: Duration) {
+        self.st().latency = d;
+    }
+
+    /// Delay each of the next `n` requests by `d` (on top of the latency).
+    pub fn slow_next(&self, n: usize, d: Duration) {
+        self.st().slow_next = vec![d; n];
+    }
+
+    /// Answer `code` (a 5xx) to the next `n` requests.
+    pub fn fail_next(&self, n: usize, code: u16) {
+        self.st().fail_next = vec![code; n];
+    }
+
+    /// Answer 429 with `Retry-After: secs` to the next `n` requests.
+    pub fn throttle_next(&self, n: usize, secs: u64) {
+        self.st().throttle_next = vec![secs; n];
+    }
+
+    /// Before each of the next `n` PATCH/PUT requests to an existing object,
+    /// act as another writer: touch the object (new resourceVersion).
+    pub fn conflict_next_writes(&self, n: usize) {
+        self.st().conflict_next_writes = n;
+    }
+
+    /// Seed a pod with an IP and labels; returns it.
+    pub fn add_pod(&self, ns: &str, name: &str, ip: &str, labels: &[(&str, &str)]) -> Value {
+        let labels: serde_json::Map<String, Value> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        let pod = json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"containers": [{"name": "server", "ports": [{"containerPort": 6379}]}]},
+            "status": {"phase": "Running", "podIP": ip},
+        });
+        self.put_object(FakeKind::Pod, ns, pod)
+    }
+
+    /// Store (create or overwrite) an object as it is, with a new resourceVersion.
+    pub fn put_object(&self, kind: FakeKind, ns: &str, mut obj: Value) -> Value {
+        let mut st = self.st();
+        let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+        let (k, api) = kind.kind();
+        obj["kind"] = json!(k);
+        obj["apiVersion"] = json!(api);
+        obj["metadata"]["namespace"] = json!(ns);
+        obj["metadata"]["resourceVersion"] = json!(st.next_rv());
+        if obj["metadata"].get("uid").is_none() {
+            obj["metadata"]["uid"] = json!(format!("uid-{name}"));
+        }
+        st.objects.insert((kind, ns.to_string(), name), obj.clone());
+        obj
+    }
+
+    /// Set an annotation on a stored object (as another writer would), bumping its resourceVersion.
+    pub fn set_annotation(&self, kind: FakeKind, ns: &str, name: &str, key: &str, value: &str) {
+        let mut st = self.st();
+        let rv = st.next_rv();
+        let obj = st
+            .objects
+            .get_mut(&(kind, ns.to_string(), name.to_string()))
+            .unwrap();
+        obj["metadata"]["annotations"][key] = json!(value);
+        obj["metadata"]["resourceVersion"] = json!(rv);
+    }
+
+    /// A stored object.
+    pub fn object(&self, kind: FakeKind, ns: &str, name: &str) -> Option<Value> {
+        self.st()
+            .objects
+            .get(&(kind, ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// A label of a stored object.
+    pub fn label(&self, kind: FakeKind, ns: &str, name: &str, key: &str) -> Option<String> {
+        self.object(kind, ns, name)
+            .and_then(|o| o["metadata"]["labels"][key].as_str().map(str::to_string))
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<LoggedRequest> {
+        self.st().log.clone()
+    }
+
+    /// Every write (non-GET) request so far.
+    pub fn writes(&self) -> Vec<LoggedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.is_write())
+            .collect()
+    }
+
+    /// Forget the request log.
+    pub fn clear_requests(&self) {
+        self.st().log.clear();
+    }
+}
+
+// ---- request handling ----
+
+type Resp = Response<Full<Bytes>>;
+
+fn respond(code: u16, body: &Value) -> Resp {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap())
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// A `Status` body shaped like the real API server's.
+pub fn status_body(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    })
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Resp {
+    respond(code, &status_body(code, reason, message))
+}
+
+async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool) -> Resp {
+    let at = Instant::now();
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().map(str::to_string);
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let content_type = header("content-type");
+    let authorization = header("authorization");
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let body = String::from_utf8_lossy(&body).to_string();
+
+    // Logged on arrival, so that a request the client abandons (timeout)
+    // still shows.
+    let id = {
+        let mut st = state.lock().unwrap();
+        st.next_log_id += 1;
+        let id = st.next_log_id;
+        st.log.push(LoggedRequest {
+            id,
+            method: method.clone(),
+            path: path.clone(),
+            query: query.clone(),
+            content_type: content_type.clone(),
+            body: body.clone(),
+            status: 0,
+            at,
+        });
+        id
+    };
+    let delay = {
+        let mut st = state.lock().unwrap();
+        let extra = if st.slow_next.is_empty() {
+            Duration::ZERO
+        } else {
+            st.slow_next.remove(0)
+        };
+        st.latency + extra
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+
+    let resp = {
+        let mut st = state.lock().unwrap();
+        route(
+            &mut st,
+            &method,
+            &path,
+            query.as_deref(),
+            content_type.as_deref(),
+            authorization.as_deref(),
+            &body,
+            has_cert,
+        )
+    };
+    let mut st = state.lock().unwrap();
+    if let Some(entry) = st.log.iter_mut().find(|r| r.id == id) {
+        entry.status = resp.status().as_u16();
+    }
+    drop(st);
+    resp
+}
+
+#[allow(clippy::too_many_arguments)]
+fn route(
+    st: &mut State,
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+    content_type: Option<&str>,
+    authorization: Option<&str>,
+    body: &str,
+    has_cert: bool,
+) -> Resp {
+    if !st.throttle_next.is_empty() {
+        let secs = st.throttle_next.remove(0);
+        let mut r = status(
+            429,
+            "TooManyRequests",
+            "Too many requests, please try again later.",
+        );
+        r.headers_mut()
+            .insert("retry-after", secs.to_string().parse().unwrap());
+        return r;
+    }
+    if !st.fail_next.is_empty() {
+        let code = st.fail_next.remove(0);
+        let reason = match code {
+            503 => "ServiceUnavailable",
+            504 => "Timeout",
+            _ => "InternalError",
+        };
+        return status(code, reason, "injected failure");
+    }
+
+    // Authentication, then authorization (only the forbidden list).
+    let token = authorization
+        .and_then(|a| a.strip_prefix("Bearer "))
+        .map(str::trim);
+    match token {
+        Some(t) if st.tokens.contains(t) => {
+            if st.forbidden.contains(t) {
+                return status(
+                    403,
+                    "Forbidden",
+                    &format!(
+                        "{} is forbidden: User \"system:serviceaccount:test:picket\" cannot {} \
+                         resource in API group",
+                        path,
+                        method.to_lowercase()
+                    ),
+                );
+            }
+        }
+        None if has_cert => {}
+        _ => return status(401, "Unauthorized", "Unauthorized"),
+    }
+
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (kind, ns, name) = match segs.as_slice() {
+        ["api", "v1", "namespaces", ns, "pods"] => (FakeKind::Pod, *ns, None),
+        ["api", "v1", "namespaces", ns, "pods", name] => (FakeKind::Pod, *ns, Some(*name)),
+        [
+            "apis",
+            "discovery.k8s.io",
+            "v1",
+            "namespaces",
+            ns,
+            "endpointslices",
+        ] => (FakeKind::EndpointSlice, *ns, None),
+        [
+            "apis",
+            "discovery.k8s.io",
+            "v1",
+            "namespaces",
+            ns,
+            "endpointslices",
+            name,
+        ] => (FakeKind::EndpointSlice, *ns, Some(*name)),
+        _ => {
+            return status(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            );
+        }
+    };
+    let not_found = |name: &str| {
+        status(
+            404,
+            "NotFound",
+            &format!("{} \"{name}\" not found", kind.resource()),
+        )
+    };
+    let key = |name: &str| (kind, ns.to_string(), name.to_string());
+
+    match (method, name) {
+        ("GET", None) => {
+            let selector = match query_param(query, "labelSelector") {
+                None => Selector::default(),
+                Some(s) => match Selector::parse(&s) {
+                    Ok(sel) => sel,
+                    Err(e) => {
+                        return status(
+                            400,
+                            "BadRequest",
+                            &format!("unable to parse requirement: {e}"),
+                        );
+                    }
+                },
+            };
+            let items: Vec<Value> = st
+                .objects
+                .iter()
+                .filter(|((k, n, _), _)| *k == kind && n == ns)
+                .map(|(_, o)| o)
+                .filter(|o| selector.matches(&labels_of(o)))
+                .cloned()
+                .collect();
+            let (lk, api) = kind.list_kind();
+            respond(
+                200,
+                &json!({
+                    "kind": lk, "apiVersion": api,
+                    "metadata": {"resourceVersion": st.revision.to_string()},
+                    "items": items,
+                }),
+            )
+        }
+        ("GET", Some(name)) => match st.objects.get(&key(name)) {
+            Some(o) => respond(200, o),
+            None => not_found(name),
+        },
+        ("POST", None) => {
+            let Ok(mut obj) = serde_json::from_str::<Value>(body) else {
+                return status(400, "BadRequest", "the request body is not JSON");
+            };
+            let Some(name) = obj["metadata"]["name"].as_str().map(str::to_string) else {
+                return status(422, "Invalid", "metadata.name: Required value");
+            };
+            if st.objects.contains_key(&key(&name)) {
+                return status(
+                    409,
+                    "AlreadyExists",
+                    &format!("{} \"{name}\" already exists", kind.resource()),
+                );
+            }
+            if let Err(m) = validate(kind, None, &obj) {
+                return status(422, "Invalid", &m);
+            }
+            let (k, api) = kind.kind();
+            obj["kind"] = json!(k);
+            obj["apiVersion"] = json!(api);
+            obj["metadata"]["namespace"] = json!(ns);
+            obj["metadata"]["uid"] = json!(format!("uid-{name}"));
+            obj["metadata"]["resourceVersion"] = json!(st.next_rv());
+            st.objects.insert(key(&name), obj.clone());
+            respond(201, &obj)
+        }
+        ("PUT", Some(name)) | ("PATCH", Some(name)) => {
+            if !st.objects.contains_key(&key(name)) {
+                return not_found(name);
+            }
+            if st.conflict_next_writes > 0 {
+                // Another writer gets in between picket's read and write.
+                st.conflict_next_writes -= 1;
+                let rv = st.next_rv();
+                let o = st.objects.get_mut(&key(name)).unwrap();
+                o["metadata"]["annotations"]["fake.picket.io/touched"] = json!(rv);
+                o["metadata"]["resourceVersion"] = json!(rv);
+            }
+            let current = st.objects[&key(name)].clone();
+            let Ok(input) = serde_json::from_str::<Value>(body) else {
+                return status(400, "BadRequest", "the request body is not JSON");
+            };
+            let mut updated = if method == "PUT" {
+                input
+            } else {
+                let ct = content_type
+                    .unwrap_or("")
+                    .split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim();
+                match ct {
+                    "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+                        let mut o = current.clone();
+                        merge_patch(&mut o, &input);
+                        o
+                    }
+                    "application/json-patch+json" => match json_patch(&current, &input) {
+                        Ok(o) => o,
+                        Err(m) => return status(422, "Invalid", &m),
+                    },
+                    other => {
+                        return status(
+                            415,
+                            "UnsupportedMediaType",
+                            &format!(
+                                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {other:?})"
+                            ),
+                        );
+                    }
+                }
+            };
+            // The precondition: a resourceVersion in the result that is not
+            // the stored one means the writer saw an older object.
+            let cur_rv = current["metadata"]["resourceVersion"].clone();
+            let new_rv = updated["metadata"]["resourceVersion"].clone();
+            if !new_rv.is_null() && new_rv != cur_rv {
+                return status(
+                    409,
+                    "Conflict",
+                    &format!(
+                        "Operation cannot be fulfilled on {} \"{name}\": the object has been \
+                         modified; please apply your changes to the latest version and try again",
+                        kind.resource()
+                    ),
+                );
+            }
+            if updated["metadata"]["name"].as_str() != Some(name) {
+                return status(
+                    400,
+                    "BadRequest",
+                    "the name of the object does not match the name on the URL",
+                );
+            }
+            if let Err(m) = validate(kind, Some(&current), &updated) {
+                return status(422, "Invalid", &m);
+            }
+            let (k, api) = kind.kind();
+            updated["kind"] = json!(k);
+            updated["apiVersion"] = json!(api);
+            updated["metadata"]["namespace"] = json!(ns);
+            updated["metadata"]["uid"] = current["metadata"]["uid"].clone();
+            updated["metadata"]["resourceVersion"] = json!(st.next_rv());
+            st.objects.insert(key(name), updated.clone());
+            respond(200, &updated)
+        }
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        ),
+    }
+}
+
+fn validate(kind: FakeKind, old: Option<&Value>, new: &Value) -> Result<(), String> {
+    if kind != FakeKind::EndpointSlice {
+        return Ok(());
+    }
+    let at = new["addressType"].as_str();
+    if !matches!(at, Some("IPv4" | "IPv6" | "FQDN")) {
+        return Err(format!("addressType: Unsupported value: {at:?}"));
+    }
+    if let Some(old) = old
+        && old["addressType"] != new["addressType"]
+    {
+        return Err("addressType: Invalid value: field is immutable".into());
+    }
+    if let Some(labels) = new["metadata"]["labels"].as_object()
+        && labels.values().any(|v| !v.is_string())
+    {
+        return Err("metadata.labels: values must be strings".into());
+    }
+    Ok(())
+}
+
+fn labels_of(o: &Value) -> BTreeMap<String, String> {
+    o["metadata"]["labels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    query?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (percent_decode(k) == name).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
+
+/// RFC 7386: objects merge recursively, `null` deletes, everything else replaces.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().unwrap();
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+fn pointer_tokens(path: &str) -> Result<Vec<String>, String> {
+    if path.is_empty() {
+        return Ok(vec![]);
+    }
+    let rest = path
+        .strip_prefix('/')
+        .ok_or_else(|| format!("invalid JSON pointer {path:?}"))?;
+    Ok(rest
+        .split('/')
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect())
+}
+
+/// RFC 6902 `add`, `remove`, `replace`, `test` (what picket or a test may send).
+pub fn json_patch(doc: &Value, ops: &Value) -> Result<Value, String> {
+    let mut doc = doc.clone();
+    let ops = ops.as_array().ok_or("a JSON patch must be a list")?;
+    for op in ops {
+        let kind = op["op"].as_str().ok_or("op without \"op\"")?;
+        let path = op["path"].as_str().ok_or("op without \"path\"")?;
+        let toks = pointer_tokens(path)?;
+        match kind {
+            "test" => {
+                let found = doc.pointer(path);
+                if found != Some(&op["value"]) {
+                    return Err(format!(
+                        "the server rejected our request due to an error in our request: \
+                         testing value {path} failed"
+                    ));
+                }
+            }
+            "add" | "replace" | "remove" => {
+                let (last, parent_toks) = toks.split_last().ok_or("cannot patch the root")?;
+                let mut parent = &mut doc;
+                for t in parent_toks {
+                    parent = match parent {
+                        Value::Object(m) => m.get_mut(t),
+                        Value::Array(a) => t.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
+                        _ => None,
+                    }
+                    .ok_or_else(|| {
+                        format!("{kind} operation does not apply: doc is missing path: {path}")
+                    })?;
+                }
+                match parent {
+                    Value::Object(m) => {
+                        match kind {
+                            "add" => {
+                                m.insert(last.clone(), op["value"].clone());
+                            }
+                            "replace" => {
+                                let slot = m.get_mut(last).ok_or_else(|| {
+                                format!("replace operation does not apply: doc is missing key: {path}")
+                            })?;
+                                *slot = op["value"].clone();
+                            }
+                            _ => {
+                                m.remove(last).ok_or_else(|| {
+                                format!("remove operation does not apply: doc is missing key: {path}")
+                            })?;
+                            }
+                        }
+                    }
+                    Value::Array(a) => {
+                        let idx = if last == "-" {
+                            a.len()
+                        } else {
+                            last.parse::<usize>()
+                                .map_err(|_| format!("bad index in {path}"))?
+                        };
+                        match kind {
+                            "add" if idx <= a.len() => a.insert(idx, op["value"].clone()),
+                            "replace" if idx < a.len() => a[idx] = op["value"].clone(),
+                            "remove" if idx < a.len() => {
+                                a.remove(idx);
+                            }
+                            _ => return Err(format!("index out of range in {path}")),
+                        }
+                    }
+                    _ => return Err(format!("{kind} operation does not apply: {path}")),
+                }
+            }
+            other => return Err(format!("unsupported op {other:?}")),
+        }
+    }
+    Ok(doc)
+}
+
+// ---- label selectors ----
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Req {
+    Eq(String, String),
+    NotEq(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+/// A parsed label selector (all requirements must hold).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selector(Vec<Req>);
+
+impl Selector {
+    /// Parse the `labelSelector` syntax.
+    pub fn parse(s: &str) -> Result<Selector, String> {
+        let mut parts = Vec::new();
+        let (mut depth, mut start) = (0i32, 0usize);
+        for (i, c) in s.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                ',' if depth == 0 => {
+                    parts.push(&s[start..i]);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+            if depth < 0 {
+                return Err(format!("unbalanced ')' in {s:?}"));
+            }
+        }
+        if depth != 0 {
+            return Err(format!("unbalanced '(' in {s:?}"));
+        }
+        parts.push(&s[start..]);
+        let mut reqs = Vec::new();
+        for p in parts {
+            let p = p.trim();
+            if p.is_empty() {
+                if s.trim().is_empty() {
+                    continue;
+                }
+                return Err(format!("empty requirement in {s:?}"));
+            }
+            reqs.push(parse_req(p)?);
+        }
+        Ok(Selector(reqs))
+    }
+
+    /// Whether `labels` satisfy every requirement.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.0.iter().all(|r| match r {
+            Req::Eq(k, v) => labels.get(k) == Some(v),
+            Req::NotEq(k, v) => labels.get(k) != Some(v),
+            Req::In(k, vs) => labels.get(k).is_some_and(|x| vs.contains(x)),
+            Req::NotIn(k, vs) => labels.get(k).is_none_or(|x| !vs.contains(x)),
+            Req::Exists(k) => labels.contains_key(k),
+            Req::NotExists(k) => !labels.contains_key(k),
+        })
+    }
+}
+
+fn valid_key(k: &str) -> bool {
+    !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+}
+
+fn valid_value(v: &str) -> bool {
+    v.chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+fn parse_req(p: &str) -> Result<Req, String> {
+    let key_ok = |k: &str| {
+        if valid_key(k) {
+            Ok(k.to_string())
+        } else {
+            Err(format!("invalid label key {k:?}"))
+        }
+    };
+    let val_ok = |v: &str| {
+        let v = v.trim();
+        if valid_value(v) {
+            Ok(v.to_string())
+        } else {
+            Err(format!("invalid label value {v:?}"))
+        }
+    };
+    if let Some(k) = p.strip_prefix('!') {
+        return Ok(Req::NotExists(key_ok(k.trim())?));
+    }
+    if let Some((k, v)) = p.split_once("!=") {
+        return Ok(Req::NotEq(key_ok(k.trim())?, val_ok(v)?));
+    }
+    if let Some((k, v)) = p.split_once("==") {
+        return Ok(Req::Eq(key_ok(k.trim())?, val_ok(v)?));
+    }
+    if let Some((k, v)) = p.split_once('=') {
+        return Ok(Req::Eq(key_ok(k.trim())?, val_ok(v)?));
+    }
+    let words: Vec<&str> = p.splitn(2, char::is_whitespace).collect();
+    if words.len() == 2 {
+        let key = key_ok(words[0])?;
+        let rest = words[1].trim();
+        let (op, set) = if let Some(r) = rest.strip_prefix("notin") {
+            ("notin", r)
+        } else if let Some(r) = rest.strip_prefix("in") {
+            ("in", r)
+        } else {
+            return Err(format!("unknown operator in {p:?}"));
+        };
+        let set = set.trim();
+        let inner = set
+            .strip_prefix('(')
+            .and_then(|s| s.strip_suffix(')'))
+            .ok_or_else(|| format!("expected (values) in {p:?}"))?;
+        let values = inner
+            .split(',')
+            .map(val_ok)
+            .collect::<Result<Vec<_>, _>>()?;
+        if values.is_empty() || values.iter().any(String::is_empty) {
+            return Err(format!("empty value set in {p:?}"));
+        }
+        return Ok(if op == "in" {
+            Req::In(key, values)
+        } else {
+            Req::NotIn(key, values)
+        });
+    }
+    Ok(Req::Exists(key_ok(p)?))
+}
+
+#[cfg(test)]
+mod selector_tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn selector_semantics() {
+        let l = labels(&[("app", "cache"), ("role", "master"), ("tier", "a")]);
+        let m = |s: &str| Selector::parse(s).unwrap().matches(&l);
+        assert!(m("app=cache"));
+        assert!(m("app==cache"));
+        assert!(!m("app=web"));
+        assert!(m("app!=web"));
+        assert!(!m("app!=cache"));
+        assert!(m("nolabel!=x"), "!= matches a missing label");
+        assert!(m("role in (master, replica)"));
+        assert!(!m("role in (replica)"));
+        assert!(m("role notin (replica)"));
+        assert!(m("missing notin (x)"));
+        assert!(m("app"));
+        assert!(!m("missing"));
+        assert!(m("!missing"));
+        assert!(!m("!app"));
+        assert!(m("app=cache,role in (master,replica),!missing"));
+        assert!(!m("app=cache,role=replica"));
+        assert!(m(""), "empty selector matches all");
+    }
+
+    #[test]
+    fn selector_errors() {
+        for bad in [
+            "app=(x",
+            "role in master",
+            "a b c",
+            "=x",
+            "app in ()",
+            "app=cache,,x",
+        ] {
+            assert!(Selector::parse(bad).is_err(), "{bad:?} should not parse");
+        }
+    }
+
+    #[test]
+    fn patches() {
+        let mut doc = json!({"metadata":{"labels":{"a":"1","b":"2"}},"list":[1,2]});
+        merge_patch(
+            &mut doc,
+            &json!({"metadata":{"labels":{"a":null,"c":"3"}},"list":[9]}),
+        );
+        assert_eq!(
+            doc,
+            json!({"metadata":{"labels":{"b":"2","c":"3"}},"list":[9]})
+        );
+        let ok = json_patch(
+            &doc,
+            &json!([{"op":"test","path":"/metadata/labels/b","value":"2"},
+                    {"op":"add","path":"/metadata/labels/x~1y","value":"4"},
+                    {"op":"remove","path":"/metadata/labels/c"}]),
+        )
+        .unwrap();
+        assert_eq!(ok["metadata"]["labels"], json!({"b":"2","x/y":"4"}));
+        assert!(
+            json_patch(
+                &doc,
+                &json!([{"op":"test","path":"/metadata/labels/b","value":"9"}])
+            )
+            .is_err()
+        );
+        assert!(json_patch(&doc, &json!([{"op":"replace","path":"/nope/x","value":1}])).is_err());
+    }
+
+    #[test]
+    fn query_decoding() {
+        assert_eq!(
+            query_param(
+                Some("labelSelector=role+in+%28a%2Cb%29%2C%21x&limit=5"),
+                "labelSelector"
+            ),
+            Some("role in (a,b),!x".to_string())
+        );
+    }
+}
