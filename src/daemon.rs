@@ -275,13 +275,13 @@ impl Daemon {
         }
         let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
         for g in &hello.groups {
-            if let Some(h) = groups.get(&g.name) {
-                if g.config_epoch > h.view.borrow().config_epoch {
-                    let _ = h.tx.try_send(crate::group::GroupMsg::PeerConfig {
-                        from: hello.id.clone(),
-                        group: g.clone(),
-                    });
-                }
+            if let Some(h) = groups.get(&g.name)
+                && g.config_epoch > h.view.borrow().config_epoch
+            {
+                let _ = h.tx.try_send(crate::group::GroupMsg::PeerConfig {
+                    from: hello.id.clone(),
+                    group: g.clone(),
+                });
             }
         }
         true

@@ -249,11 +249,11 @@ async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
             };
             let mut n = 0;
             for v in d.views() {
-                if glob_match(pattern, &v.name) {
-                    if let Some(h) = d.group(&v.name) {
-                        let _ = h.tx.send(GroupMsg::Reset).await;
-                        n += 1;
-                    }
+                if glob_match(pattern, &v.name)
+                    && let Some(h) = d.group(&v.name)
+                {
+                    let _ = h.tx.send(GroupMsg::Reset).await;
+                    n += 1;
                 }
             }
             Reply::Int(n)

@@ -83,13 +83,12 @@ async fn resolve(args: &Args, opts: &ClientOptions) -> Option<String> {
         if let Ok(redis_protocol::resp2::types::BytesFrame::Array(v)) = c
             .call(["SENTINEL", "get-master-addr-by-name", args.group.as_str()])
             .await
-        {
-            if let (Some(h), Some(p)) = (
+            && let (Some(h), Some(p)) = (
                 v.first().and_then(frame_text),
                 v.get(1).and_then(frame_text),
-            ) {
-                return Some(format!("{h}:{p}"));
-            }
+            )
+        {
+            return Some(format!("{h}:{p}"));
         }
     }
     None
@@ -171,12 +170,12 @@ async fn main() -> std::process::ExitCode {
             Ok(_) => {
                 let now = unix_ms();
                 acked += 1;
-                if let Some(prev) = last_ack {
-                    if now - prev > gap_ms {
-                        gap_ms = now - prev;
-                        gap_from = prev;
-                        gap_to = now;
-                    }
+                if let Some(prev) = last_ack
+                    && now - prev > gap_ms
+                {
+                    gap_ms = now - prev;
+                    gap_from = prev;
+                    gap_to = now;
                 }
                 last_ack = Some(now);
                 if let Some(f) = acked_out.as_mut() {
@@ -220,11 +219,11 @@ async fn main() -> std::process::ExitCode {
         "writes {seq}, acknowledged {acked}, errors {total_errors} {:?}, longest gap between acknowledged writes {gap_ms} ms, masters {:?}",
         errors, masters_seen
     );
-    if let Some(p) = &args.json {
-        if let Err(e) = std::fs::write(p, summary.to_string()) {
-            eprintln!("cannot write {}: {e}", p.display());
-            return std::process::ExitCode::FAILURE;
-        }
+    if let Some(p) = &args.json
+        && let Err(e) = std::fs::write(p, summary.to_string())
+    {
+        eprintln!("cannot write {}: {e}", p.display());
+        return std::process::ExitCode::FAILURE;
     }
     std::process::ExitCode::SUCCESS
 }

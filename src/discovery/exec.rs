@@ -403,10 +403,10 @@ echo run >> "$DIR/count""#;
                 let pid = fs::read_to_string(f)
                     .ok()
                     .and_then(|s| s.trim().parse::<i32>().ok());
-                if let Some(pid) = pid.filter(|p| alive(*p)) {
-                    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                    }
+                if let Some(pid) = pid.filter(|p| alive(*p))
+                    && let Some(pid) = rustix::process::Pid::from_raw(pid)
+                {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
                 }
             }
         }

@@ -233,13 +233,13 @@ impl WebhookBackend {
             struct Conflict {
                 epoch: u64,
             }
-            if let Ok(c) = serde_json::from_slice::<Conflict>(body) {
-                if c.epoch > ours {
-                    return Err(DiscoveryError::Stale {
-                        stored: c.epoch,
-                        ours,
-                    });
-                }
+            if let Ok(c) = serde_json::from_slice::<Conflict>(body)
+                && c.epoch > ours
+            {
+                return Err(DiscoveryError::Stale {
+                    stored: c.epoch,
+                    ours,
+                });
             }
         }
         let text = String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_LIMIT)]);

@@ -375,12 +375,12 @@ impl Failover {
                 self.abort("fencing the old master did not complete in failover_timeout".into())
             }
             Phase::Promoting => {
-                if let Some(at) = self.retry_at {
-                    if now >= at {
-                        self.retry_at = None;
-                        self.attempts += 1;
-                        return vec![self.promote_action()];
-                    }
+                if let Some(at) = self.retry_at
+                    && now >= at
+                {
+                    self.retry_at = None;
+                    self.attempts += 1;
+                    return vec![self.promote_action()];
                 }
                 if now >= self.deadline && self.retry_at.is_some() {
                     return self.abort("promotion did not succeed in failover_timeout".into());

@@ -112,12 +112,11 @@ pub fn exclusion(c: &Candidate, limits: &SelectionLimits) -> Option<Exclusion> {
     if c.priority == Some(0) {
         return Some(Exclusion::PriorityZero);
     }
-    if c.role == Role::Replica {
-        if let Some(down) = c.link_down_since {
-            if down > limits.max_link_down {
-                return Some(Exclusion::LongDisconnected);
-            }
-        }
+    if c.role == Role::Replica
+        && let Some(down) = c.link_down_since
+        && down > limits.max_link_down
+    {
+        return Some(Exclusion::LongDisconnected);
     }
     None
 }

@@ -698,14 +698,12 @@ impl Group {
         // A replica a previous leader of this failover intended to promote
         // goes first, so that a leader that died half-way is not followed
         // by the promotion of a second replica.
-        if let Some((epoch, a)) = &self.intended {
-            if *epoch > self.config_epoch {
-                if let Some(c) = cands.iter().find(|c| c.addr == *a) {
-                    if select::exclusion(c, &limits).is_none() {
-                        return Ok(a.clone());
-                    }
-                }
-            }
+        if let Some((epoch, a)) = &self.intended
+            && *epoch > self.config_epoch
+            && let Some(c) = cands.iter().find(|c| c.addr == *a)
+            && select::exclusion(c, &limits).is_none()
+        {
+            return Ok(a.clone());
         }
         let sel = select::select(&cands, &limits);
         match sel.chosen {
@@ -1211,12 +1209,11 @@ impl Group {
             if !fresh {
                 continue;
             }
-            if let Some(h) = &e.hello {
-                if let Some(g) = h.groups.iter().find(|g| g.name == self.cfg.name) {
-                    if g.config_epoch > self.config_epoch {
-                        return false;
-                    }
-                }
+            if let Some(h) = &e.hello
+                && let Some(g) = h.groups.iter().find(|g| g.name == self.cfg.name)
+                && g.config_epoch > self.config_epoch
+            {
+                return false;
             }
             confirmed += 1;
         }
@@ -1388,10 +1385,10 @@ impl Group {
                     if let Some(run) = self.failover.take() {
                         tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, "a newer config exists; abandoning this failover");
                     }
-                    if let Some(el) = self.election.take() {
-                        if let Some(r) = el.switchover_reply {
-                            let _ = r.send(Err("INPROG a newer configuration was adopted".into()));
-                        }
+                    if let Some(el) = self.election.take()
+                        && let Some(r) = el.switchover_reply
+                    {
+                        let _ = r.send(Err("INPROG a newer configuration was adopted".into()));
                     }
                     self.adopt_master(
                         group.master,
@@ -1461,10 +1458,10 @@ impl Group {
                         .events
                         .emit("+vote-for-leader", format!("{candidate} {}", q.epoch));
                     // Do not compete with the leader we voted for.
-                    if let Some(el) = self.election.take() {
-                        if let Some(r) = el.switchover_reply {
-                            let _ = r.send(Err("INPROG another daemon leads the failover".into()));
-                        }
+                    if let Some(el) = self.election.take()
+                        && let Some(r) = el.switchover_reply
+                    {
+                        let _ = r.send(Err("INPROG another daemon leads the failover".into()));
                     }
                     self.schedule_retry(now);
                     if let Some(p) = q.promote.clone() {
@@ -1477,10 +1474,10 @@ impl Group {
                     leader_epoch: vote.epoch,
                 });
             }
-        } else if q.epoch > 0 {
-            if let Err(e) = self.ctx.state.observe_epoch(q.epoch) {
-                tracing::warn!(error = %e, "cannot persist the observed epoch");
-            }
+        } else if q.epoch > 0
+            && let Err(e) = self.ctx.state.observe_epoch(q.epoch)
+        {
+            tracing::warn!(error = %e, "cannot persist the observed epoch");
         }
         let rec = self.ctx.state.group(&self.cfg.name);
         Ok(IsDownReply {

@@ -237,10 +237,10 @@ async fn run(
         }
         let Some(c) = conn.as_mut() else { continue };
         let result = c.call(&req.args).await;
-        if let Err(e) = &result {
-            if e.is_fatal_to_connection() {
-                conn = None;
-            }
+        if let Err(e) = &result
+            && e.is_fatal_to_connection()
+        {
+            conn = None;
         }
         let _ = req.reply.send(result);
     }

@@ -159,14 +159,14 @@ impl StateStore {
                         reason: "empty daemon_id".into(),
                     });
                 }
-                if let Some(id) = configured_id {
-                    if id != state.daemon_id {
-                        return Err(StateError::IdMismatch {
-                            configured: id.to_string(),
-                            persisted: state.daemon_id,
-                            path,
-                        });
-                    }
+                if let Some(id) = configured_id
+                    && id != state.daemon_id
+                {
+                    return Err(StateError::IdMismatch {
+                        configured: id.to_string(),
+                        persisted: state.daemon_id,
+                        path,
+                    });
                 }
                 StateStore {
                     path,

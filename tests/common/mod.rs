@@ -465,10 +465,10 @@ impl RedisServer {
         let mut out = fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
         for i in 1..=self.starts {
             let path = self.dir.path().join(format!("stdout-{i}.log"));
-            if let Ok(s) = fs::read_to_string(path) {
-                if !s.is_empty() {
-                    out.push_str(&format!("\n--- stdout/stderr of start {i} ---\n{s}"));
-                }
+            if let Ok(s) = fs::read_to_string(path)
+                && !s.is_empty()
+            {
+                out.push_str(&format!("\n--- stdout/stderr of start {i} ---\n{s}"));
             }
         }
         out
@@ -608,10 +608,10 @@ impl RedisServer {
             }
             // Ready when *our* process answers: another server could hold the
             // address, so compare the PID it reports.
-            if let Ok(info) = self.info("server") {
-                if info_value(&info, "process_id").as_deref() == Some(pid.to_string().as_str()) {
-                    return Ok(());
-                }
+            if let Ok(info) = self.info("server")
+                && info_value(&info, "process_id").as_deref() == Some(pid.to_string().as_str())
+            {
+                return Ok(());
             }
             if Instant::now() >= deadline {
                 self.kill9();
