@@ -144,6 +144,18 @@ pub enum DiscoveryConfig {
     Webhook(WebhookConfig),
     /// Write the topology as a JSON file.
     File(FileConfig),
+    /// Record every write in memory and show the record in `/v1/status`
+    /// (for tests and for watching the gating order; routes nothing).
+    Memory(MemoryConfig),
+}
+
+/// `type = "memory"`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// Whether the failover waits for this backend.
+    #[serde(default = "default_true")]
+    pub required: bool,
 }
 
 /// How picket publishes the master to Kubernetes.
@@ -826,6 +838,7 @@ impl Config {
                     DiscoveryConfig::Exec(_) => "exec",
                     DiscoveryConfig::Webhook(_) => "webhook",
                     DiscoveryConfig::File(_) => "file",
+                    DiscoveryConfig::Memory(_) => "memory",
                 })
                 .collect();
             lines.push(format!(
@@ -1072,6 +1085,7 @@ impl DiscoveryConfig {
                 }
                 v.positive(format!("{key}.timeout"), w.timeout);
             }
+            DiscoveryConfig::Memory(_) => {}
             DiscoveryConfig::File(f) => {
                 let key = format!("{key}.path");
                 if f.path.as_os_str().is_empty() {

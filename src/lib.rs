@@ -188,19 +188,9 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         started: tokio::time::Instant::now(),
     });
     for g in &config.groups {
-        let backends = discovery::build(g).map_err(|reason| RunError::Group {
+        let handle = start_group(g, &ctx, &cancel).map_err(|reason| RunError::Group {
             group: g.name.clone(),
             reason,
-        })?;
-        let runner = Arc::new(discovery::runner::DiscoveryRunner::new(
-            g.name.clone(),
-            backends,
-        ));
-        let handle = group::spawn(g.clone(), ctx.clone(), runner, &cancel).map_err(|reason| {
-            RunError::Group {
-                group: g.name.clone(),
-                reason,
-            }
         })?;
         daemon
             .groups
@@ -227,6 +217,20 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         cancel,
         tasks,
     })
+}
+
+/// Start the decision task of one group with its discovery backends.
+pub fn start_group(
+    g: &config::GroupConfig,
+    ctx: &Arc<DaemonCtx>,
+    cancel: &CancellationToken,
+) -> Result<group::GroupHandle, String> {
+    let built = discovery::build(g)?;
+    let runner = Arc::new(discovery::runner::DiscoveryRunner::new(
+        g.name.clone(),
+        built.backends,
+    ));
+    group::spawn(g.clone(), ctx.clone(), runner, built.recorders, cancel)
 }
 
 /// Run the daemon until `shutdown` is cancelled.

@@ -36,15 +36,33 @@ struct Inner {
 }
 
 /// The recording backend. Clones share the same record.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MemoryBackend {
     inner: Arc<Mutex<Inner>>,
+    required: bool,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl MemoryBackend {
-    /// A new, empty record.
+    /// A new, empty record (a required backend).
     pub fn new() -> Self {
-        Self::default()
+        MemoryBackend {
+            inner: Arc::default(),
+            required: true,
+        }
+    }
+
+    /// A new record with the given `required` flag.
+    pub fn with_required(required: bool) -> Self {
+        MemoryBackend {
+            inner: Arc::default(),
+            required,
+        }
     }
 
     /// Every accepted write so far, in order.
@@ -75,7 +93,7 @@ impl Backend for MemoryBackend {
     }
 
     fn required(&self) -> bool {
-        true
+        self.required
     }
 
     fn fence<'a>(&'a self, fence: &'a Fence) -> BoxFuture<'a, Result<(), DiscoveryError>> {

@@ -118,29 +118,39 @@ pub trait Backend: Send + Sync {
     fn publish<'a>(&'a self, topology: &'a Topology) -> BoxFuture<'a, Result<(), DiscoveryError>>;
 }
 
+/// The backends of a group, plus handles on its recording backends.
+pub struct Built {
+    /// Every backend, in configuration order.
+    pub backends: Vec<std::sync::Arc<dyn Backend>>,
+    /// The `memory` backends, whose records `/v1/status` shows.
+    pub recorders: Vec<memory::MemoryBackend>,
+}
+
 /// Build the backends configured for a group.
-pub fn build(
-    group: &crate::config::GroupConfig,
-) -> Result<Vec<std::sync::Arc<dyn Backend>>, String> {
+pub fn build(group: &crate::config::GroupConfig) -> Result<Built, String> {
     use crate::config::DiscoveryConfig;
-    let mut out: Vec<std::sync::Arc<dyn Backend>> = Vec::new();
+    use std::sync::Arc;
+    let mut backends: Vec<Arc<dyn Backend>> = Vec::new();
+    let mut recorders = Vec::new();
     for (i, d) in group.discovery.iter().enumerate() {
         let err = |e: DiscoveryError| format!("discovery[{i}]: {e}");
-        let b: std::sync::Arc<dyn Backend> = match d {
-            DiscoveryConfig::File(c) => {
-                std::sync::Arc::new(file::FileBackend::new(c).map_err(err)?)
-            }
-            DiscoveryConfig::Exec(c) => {
-                std::sync::Arc::new(exec::ExecBackend::new(c).map_err(err)?)
-            }
-            DiscoveryConfig::Webhook(c) => {
-                std::sync::Arc::new(webhook::WebhookBackend::new(c).map_err(err)?)
-            }
+        let b: Arc<dyn Backend> = match d {
+            DiscoveryConfig::File(c) => Arc::new(file::FileBackend::new(c).map_err(err)?),
+            DiscoveryConfig::Exec(c) => Arc::new(exec::ExecBackend::new(c).map_err(err)?),
+            DiscoveryConfig::Webhook(c) => Arc::new(webhook::WebhookBackend::new(c).map_err(err)?),
             DiscoveryConfig::Kubernetes(c) => {
-                std::sync::Arc::new(kubernetes::KubernetesBackend::new(c).map_err(err)?)
+                Arc::new(kubernetes::KubernetesBackend::new(c).map_err(err)?)
+            }
+            DiscoveryConfig::Memory(c) => {
+                let m = memory::MemoryBackend::with_required(c.required);
+                recorders.push(m.clone());
+                Arc::new(m)
             }
         };
-        out.push(b);
+        backends.push(b);
     }
-    Ok(out)
+    Ok(Built {
+        backends,
+        recorders,
+    })
 }

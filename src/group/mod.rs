@@ -126,6 +126,7 @@ struct Group {
     ops: InstanceOps,
     client: ClientOptions,
     discovery: Arc<DiscoveryRunner>,
+    recorders: Vec<crate::discovery::memory::MemoryBackend>,
     probe_tx: mpsc::Sender<ProbeEvent>,
     internal_tx: mpsc::Sender<Internal>,
     cancel: CancellationToken,
@@ -191,6 +192,7 @@ pub fn spawn(
     cfg: GroupConfig,
     ctx: Arc<DaemonCtx>,
     discovery: Arc<DiscoveryRunner>,
+    recorders: Vec<crate::discovery::memory::MemoryBackend>,
     parent: &CancellationToken,
 ) -> Result<GroupHandle, String> {
     let client = client_options(&cfg)?;
@@ -218,6 +220,7 @@ pub fn spawn(
         },
         client,
         discovery,
+        recorders,
         probe_tx,
         internal_tx,
         cancel: cancel.clone(),
@@ -310,6 +313,7 @@ fn placeholder_view(
         instances: Vec::new(),
         peers: Vec::new(),
         discovery: Vec::new(),
+        recorded: Vec::new(),
     }
 }
 
@@ -1612,6 +1616,7 @@ impl Group {
             instances,
             peers,
             discovery: self.discovery.status(),
+            recorded: self.recorders.iter().flat_map(|r| r.history()).collect(),
         };
         self.view_tx.send_replace(Arc::new(view));
     }

@@ -159,6 +159,8 @@ pub struct GroupView {
     pub peers: Vec<PeerView>,
     /// Discovery backends.
     pub discovery: Vec<BackendStatus>,
+    /// Every write the `memory` backends accepted, in order.
+    pub recorded: Vec<crate::discovery::memory::Record>,
 }
 
 impl GroupView {
