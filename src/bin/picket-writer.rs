@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
 use picket::resp::{ClientOptions, Connection, RespError, ServerError, frame_text};
@@ -28,13 +28,13 @@ struct Args {
     group: String,
     /// Time between writes.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10ms")]
-    interval: humantime::Duration,
+    interval: Duration,
     /// Per-operation timeout.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "200ms")]
-    timeout: humantime::Duration,
+    timeout: Duration,
     /// Stop after this long (default: until SIGINT/SIGTERM).
     #[arg(long, value_parser = humantime::parse_duration)]
-    duration: Option<humantime::Duration>,
+    duration: Option<Duration>,
     /// Key prefix.
     #[arg(long, default_value = "picket-writer")]
     prefix: String,
@@ -98,8 +98,8 @@ async fn resolve(args: &Args, opts: &ClientOptions) -> Option<String> {
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let opts = ClientOptions {
-        connect_timeout: *args.timeout,
-        command_timeout: *args.timeout,
+        connect_timeout: args.timeout,
+        command_timeout: args.timeout,
         ..Default::default()
     };
     let stop = async {
@@ -113,7 +113,7 @@ async fn main() -> std::process::ExitCode {
         tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
     };
     tokio::pin!(stop);
-    let end = args.duration.map(|d| Instant::now() + *d);
+    let end = args.duration.map(|d| Instant::now() + d);
     let mut acked_out = args
         .acked_file
         .as_ref()
@@ -132,7 +132,7 @@ async fn main() -> std::process::ExitCode {
     let mut last_ack: Option<u64> = None;
     let (mut gap_ms, mut gap_from, mut gap_to) = (0u64, 0u64, 0u64);
     let mut masters_seen: Vec<String> = Vec::new();
-    let mut tick = tokio::time::interval(*args.interval);
+    let mut tick = tokio::time::interval(args.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
