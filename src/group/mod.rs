@@ -762,7 +762,7 @@ impl Group {
         // A small random delay before starting, against split votes.
         match self.election_delay_until {
             None => {
-                let max = self.cfg.ping_period().min(Duration::from_millis(100));
+                let max = (self.cfg.ping_period() / 2).min(Duration::from_millis(50));
                 let d = rand::rng().random_range(0..=ms(max));
                 self.election_delay_until = Some(now + Duration::from_millis(d));
             }
@@ -1271,8 +1271,13 @@ impl Group {
                     demote.push((inst.addr.clone(), info.flavour));
                 }
                 Role::Replica if master_up => {
-                    let follows = info.master_host.as_deref() == Some(master.host.as_str())
-                        && info.master_port == Some(master.port);
+                    let points_at = |a: &Addr| {
+                        info.master_host.as_deref() == Some(a.host.as_str())
+                            && info.master_port == Some(a.port)
+                    };
+                    // Following the replica a leader is promoting in a newer
+                    // epoch is right too: its config is on the way.
+                    let follows = points_at(&master) || intended.as_ref().is_some_and(points_at);
                     if follows {
                         inst.wrong_master_since = None;
                     } else {
