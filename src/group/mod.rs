@@ -81,6 +81,11 @@ enum Internal {
     },
     Machine(u64, Input),
     Demoted(Addr, Result<(), String>),
+    PeerConfigChecked {
+        from: String,
+        group: HelloGroup,
+        role: Result<Role, String>,
+    },
 }
 
 struct Instance {
@@ -1370,6 +1375,24 @@ impl Group {
                     self.machine_input(now, input);
                 }
             }
+            Internal::PeerConfigChecked { from, group, role } => {
+                if group.config_epoch <= self.config_epoch {
+                    return;
+                }
+                match role {
+                    Ok(Role::Master) => self.adopt_from_peer(&from, group),
+                    Ok(other) => tracing::warn!(
+                        group = %self.cfg.name, peer = %from, epoch = group.config_epoch,
+                        master = %group.master, role = ?other,
+                        "a peer announces a master that does not report role:master; not adopting"
+                    ),
+                    Err(e) => tracing::info!(
+                        group = %self.cfg.name, peer = %from, epoch = group.config_epoch,
+                        master = %group.master, error = %e,
+                        "cannot confirm the master a peer announces; will retry"
+                    ),
+                }
+            }
             Internal::Demoted(addr, r) => match r {
                 Ok(()) => {
                     metrics::counter!(m::DEMOTIONS, "group" => self.cfg.name.clone()).increment(1);
@@ -1389,32 +1412,28 @@ impl Group {
                 let _ = reply.send(self.answer_is_down(now, query));
             }
             GroupMsg::PeerConfig { from, group } => {
-                if group.config_epoch > self.config_epoch {
-                    tracing::info!(group = %self.cfg.name, from = %from, epoch = group.config_epoch, master = %group.master, "adopting a newer config from a peer");
-                    if let Some(run) = self.failover.take() {
-                        tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, "a newer config exists; abandoning this failover");
-                    }
-                    if let Some(el) = self.election.take()
-                        && let Some(r) = el.switchover_reply
-                    {
-                        let _ = r.send(Err("INPROG a newer configuration was adopted".into()));
-                    }
-                    self.adopt_master(
-                        group.master,
-                        group.config_epoch,
-                        Reporter::Observer,
-                        Some(&from),
-                    );
-                    let topology = self.topology(Reporter::Observer, None);
-                    let runner = self.discovery.clone();
-                    let deadline = self.cfg.failover_timeout;
-                    let name = self.cfg.name.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = runner.publish(topology, deadline).await {
-                            tracing::warn!(group = %name, error = %e, "publishing the adopted config failed");
-                        }
-                    });
+                if group.config_epoch <= self.config_epoch {
+                    return;
                 }
+                if group.master == self.master {
+                    self.adopt_from_peer(&from, group);
+                    return;
+                }
+                // A peer's word alone never moves the master: the instance
+                // it names must itself say it is a master. A peer that lies
+                // about an epoch (or a corrupt hello) changes nothing.
+                let ops = self.ops.clone();
+                let tx = self.internal_tx.clone();
+                tokio::spawn(async move {
+                    let role = ops
+                        .info(&group.master)
+                        .await
+                        .map(|i| i.role)
+                        .map_err(|e| e.to_string());
+                    let _ = tx
+                        .send(Internal::PeerConfigChecked { from, group, role })
+                        .await;
+                });
             }
             GroupMsg::Switchover { to, reply } => {
                 if self.failover.is_some() || self.election.is_some() {
@@ -1442,6 +1461,34 @@ impl Group {
                 self.refresh_info(&master);
             }
         }
+    }
+
+    /// Adopt a newer config a peer announced (already checked).
+    fn adopt_from_peer(&mut self, from: &str, group: HelloGroup) {
+        tracing::info!(group = %self.cfg.name, from = %from, epoch = group.config_epoch, master = %group.master, "adopting a newer config from a peer");
+        if let Some(run) = self.failover.take() {
+            tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, "a newer config exists; abandoning this failover");
+        }
+        if let Some(el) = self.election.take()
+            && let Some(r) = el.switchover_reply
+        {
+            let _ = r.send(Err("INPROG a newer configuration was adopted".into()));
+        }
+        self.adopt_master(
+            group.master,
+            group.config_epoch,
+            Reporter::Observer,
+            Some(from),
+        );
+        let topology = self.topology(Reporter::Observer, None);
+        let runner = self.discovery.clone();
+        let deadline = self.cfg.failover_timeout;
+        let name = self.cfg.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = runner.publish(topology, deadline).await {
+                tracing::warn!(group = %name, error = %e, "publishing the adopted config failed");
+            }
+        });
     }
 
     fn answer_is_down(&mut self, now: Instant, q: IsDownQuery) -> Result<IsDownReply, String> {
