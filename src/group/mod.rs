@@ -150,6 +150,7 @@ struct Group {
     intended: Option<(u64, Addr)>,
     last_failover: Option<LastFailover>,
     last_tick: Instant,
+    last_export: Instant,
     reason: Option<String>,
 }
 
@@ -249,6 +250,7 @@ pub fn spawn(
         intended: None,
         last_failover: None,
         last_tick: now,
+        last_export: now,
         reason: None,
         cfg,
         ctx,
@@ -262,6 +264,8 @@ pub fn spawn(
     };
     tracing::info!(group = %g.cfg.name, master = %g.master, config_epoch = g.config_epoch, "monitoring group");
     metrics::gauge!(m::CONFIG_EPOCH, "group" => g.cfg.name.clone()).set(g.config_epoch as f64);
+    metrics::gauge!(m::GROUP_MASTER, "group" => g.cfg.name.clone(), "instance" => g.master.to_string())
+        .set(1.0);
     tokio::spawn(async move {
         let tick_every =
             (g.cfg.ping_period() / 2).clamp(Duration::from_millis(10), Duration::from_millis(100));
@@ -508,10 +512,24 @@ impl Group {
             self.machine_input(now, Input::Tick);
         }
         self.check_topology(now);
-        for inst in self.instances.values() {
-            if let Some(at) = inst.info_at {
-                metrics::gauge!(m::INFO_AGE, "group" => self.cfg.name.clone(), "instance" => inst.addr.to_string())
-                    .set(now.saturating_duration_since(at).as_secs_f64());
+        // Gauges that change continuously are exported once a second, not
+        // at every tick: with a thousand instances the tick is hot.
+        if now.saturating_duration_since(self.last_export) >= Duration::from_secs(1) {
+            self.last_export = now;
+            for inst in self.instances.values() {
+                let labels = [
+                    ("group", self.cfg.name.clone()),
+                    ("instance", inst.addr.to_string()),
+                ];
+                metrics::gauge!(m::INSTANCE_UP, &labels).set(if inst.sdown.is_down() {
+                    0.0
+                } else {
+                    1.0
+                });
+                if let Some(at) = inst.info_at {
+                    metrics::gauge!(m::INFO_AGE, &labels)
+                        .set(now.saturating_duration_since(at).as_secs_f64());
+                }
             }
         }
     }
