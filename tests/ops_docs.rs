@@ -348,3 +348,67 @@ fn name_extraction_sees_whole_identifiers_only() {
         ["picket_a_total", "picket_c_bucket"]
     );
 }
+
+/// Every key of a TOML table, recursively (`group.discovery.timeout` is
+/// reported as `timeout`).
+fn toml_keys(v: &toml::Value, out: &mut BTreeSet<String>) {
+    match v {
+        toml::Value::Table(t) => {
+            for (k, val) in t {
+                out.insert(k.clone());
+                toml_keys(val, out);
+            }
+        }
+        toml::Value::Array(a) => a.iter().for_each(|x| toml_keys(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn the_configuration_reference_documents_every_key_of_the_example() {
+    let example: toml::Value = toml::from_str(&read("config/picket.toml")).unwrap();
+    let mut keys = BTreeSet::new();
+    toml_keys(&example, &mut keys);
+    assert!(keys.len() > 40, "{keys:?}");
+    let doc = read("docs/configuration.md");
+    for k in &keys {
+        // Keys as `key`, tables as their header (`[daemon]`, `[[group.discovery]]`).
+        assert!(
+            doc.contains(&format!("`{k}`")) || doc.contains(&format!("{k}]")),
+            "docs/configuration.md lacks `{k}`"
+        );
+    }
+    // Both default ports and the state directory match the systemd unit and
+    // the image.
+    for s in [
+        "`\"0.0.0.0:26379\"`",
+        "`\"0.0.0.0:9479\"`",
+        "`\"/var/lib/picket\"`",
+    ] {
+        assert!(doc.contains(s), "{s}");
+    }
+}
+
+#[test]
+fn relative_links_in_the_operations_docs_resolve() {
+    for file in [
+        "docs/operations.md",
+        "docs/configuration.md",
+        "docs/metrics.md",
+    ] {
+        let text = read(file);
+        let dir = Path::new(ROOT).join(file);
+        let dir = dir.parent().unwrap();
+        let mut n = 0;
+        for part in text.split("](").skip(1) {
+            let target = part.split(')').next().unwrap_or("");
+            if target.starts_with("http") || target.starts_with('#') || target.is_empty() {
+                continue;
+            }
+            let path = target.split('#').next().unwrap();
+            assert!(dir.join(path).exists(), "{file}: broken link {target}");
+            n += 1;
+        }
+        assert!(n > 0, "{file}: no relative link checked");
+    }
+}
