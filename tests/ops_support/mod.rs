@@ -72,8 +72,13 @@ impl Ports {
     /// Two free ports on a fresh 127.0.0.x address.
     pub fn fresh() -> Ports {
         let ip = next_loopback_ip();
-        let resp = format!("{ip}:{}", free_port(&ip));
-        let http = format!("{ip}:{}", free_port(&ip));
+        let resp_port = free_port(&ip);
+        let http_port = (0..10)
+            .map(|_| free_port(&ip))
+            .find(|p| *p != resp_port)
+            .expect("two distinct free ports");
+        let resp = format!("{ip}:{resp_port}");
+        let http = format!("{ip}:{http_port}");
         Ports {
             resp: resp.parse().unwrap(),
             http: http.parse().unwrap(),
