@@ -135,7 +135,8 @@ fn sighup_adds_changes_and_removes_groups() {
     );
     assert!(persisted(data.path()).groups.contains_key("a"));
 
-    // Remove a: its task stops and its record is deleted.
+    // Remove a: its task stops and its config is forgotten; its vote is
+    // kept so that re-adding it cannot vote twice in epoch 3.
     let third = format!(
         "{daemon}{}{}",
         group_table("b", b1.addr(), "down_after = \"2s\""),
@@ -147,7 +148,14 @@ fn sighup_adds_changes_and_removes_groups() {
     });
     assert_eq!(names(&p, ports.http), ["b", "c"]);
     let st = persisted(data.path());
-    assert!(!st.groups.contains_key("a"), "record of a removed: {st:?}");
+    let a_rec = &st.groups["a"];
+    assert_eq!(a_rec.master, None, "config of a forgotten: {st:?}");
+    assert_eq!(a_rec.config_epoch, 0, "config of a forgotten: {st:?}");
+    assert_eq!(
+        (a_rec.vote_epoch, a_rec.voted_for.as_deref()),
+        (3, Some("reload-a")),
+        "the vote of a is kept: {st:?}"
+    );
     assert_eq!(st.groups["b"].config_epoch, 4, "b's record kept");
     assert_eq!(st.current_epoch, 4, "epochs never go back");
 

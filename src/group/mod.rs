@@ -812,7 +812,10 @@ impl Group {
     }
 
     fn schedule_retry(&mut self, now: Instant) {
-        let jitter = rand::rng().random_range(0..=ms(self.cfg.ping_period()));
+        // A wide random spread, so that two daemons whose elections split
+        // do not collide again on the retry.
+        let spread = ms(self.cfg.ping_period().max(Duration::from_secs(1)));
+        let jitter = rand::rng().random_range(0..=spread);
         self.next_attempt = now + self.cfg.failover_timeout + Duration::from_millis(jitter);
     }
 
