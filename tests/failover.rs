@@ -352,7 +352,7 @@ fn kill9_master_with_equal_priorities_promotes_the_replica_with_the_higher_offse
             topo.replicas[ahead]
                 .info_field("replication", "slave_repl_offset")
                 .and_then(|o| o.parse::<i64>().ok())
-                == Some(master_offset)
+                .is_some_and(|o| o >= master_offset)
         },
     );
     topo.master.kill9();
