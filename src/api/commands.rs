@@ -193,6 +193,28 @@ async fn picket(d: &Daemon, rest: &[String]) -> Reply {
             },
             _ => arity("picket|failover"),
         },
+        "SIMULATE-FAILURE" => {
+            // Crash tests only: make this daemon exit(99) at the worst
+            // moments of a failover it leads (Sentinel's SIMULATE-FAILURE).
+            let [_, mode] = rest else {
+                return arity("picket|simulate-failure");
+            };
+            let flags = match mode.to_lowercase().as_str() {
+                "crash-after-election" => crate::daemon::CRASH_AFTER_ELECTION,
+                "crash-after-promotion" => crate::daemon::CRASH_AFTER_PROMOTION,
+                "none" => 0,
+                _ => {
+                    return Reply::err(format!(
+                        "ERR unknown failure mode '{mode}' (crash-after-election, crash-after-promotion or none)"
+                    ));
+                }
+            };
+            d.ctx
+                .simulate_failure
+                .store(flags, std::sync::atomic::Ordering::SeqCst);
+            tracing::warn!(mode = %mode, "simulated failure mode set");
+            Reply::ok()
+        }
         _ => Reply::err(format!("ERR unknown subcommand '{sub}'. Try PICKET HELP.")),
     }
 }

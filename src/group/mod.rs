@@ -342,6 +342,10 @@ impl Group {
         };
         let probe = probe::spawn(settings, self.probe_tx.clone(), &self.cancel);
         let now = Instant::now();
+        // Up until SDOWN says otherwise, as in the view; without this the
+        // gauge would only appear at the first +sdown.
+        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "instance" => addr.to_string())
+            .set(1.0);
         self.instances.insert(
             addr.clone(),
             Instance {
