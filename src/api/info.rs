@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::commands::{arity, unknown_sub};
 use super::{Api, Reply};
 
-const SECTIONS: &[&str] = &["server", "clients", "cpu", "stats", "sentinel"];
+const SECTIONS: &[&str] = &["server", "clients", "stats", "cpu", "sentinel"];
 
 /// The text of `INFO [section ...]`. Sentinel knows the sections
 /// `server`, `clients`, `cpu`, `stats` and `sentinel`; `default`, `all` and
@@ -215,6 +215,7 @@ struct Cmd {
     since: &'static str,
     group: &'static str,
     complexity: &'static str,
+    tips: &'static [&'static str],
     subcommands: &'static [(&'static str, i64)],
 }
 
@@ -241,6 +242,7 @@ const TABLE: &[Cmd] = &[
         since: "1.0.0",
         group: "connection",
         complexity: "O(N) where N is the number of passwords defined for the user",
+        tips: &[],
         subcommands: &[],
     },
     Cmd {
@@ -252,6 +254,7 @@ const TABLE: &[Cmd] = &[
         since: "2.4.0",
         group: "connection",
         complexity: "Depends on subcommand.",
+        tips: &[],
         subcommands: &[
             ("getname", 2),
             ("help", 2),
@@ -272,6 +275,7 @@ const TABLE: &[Cmd] = &[
         since: "2.8.13",
         group: "server",
         complexity: "O(N) where N is the total number of commands",
+        tips: &[],
         subcommands: &[
             ("count", 2),
             ("docs", -2),
@@ -296,6 +300,7 @@ const TABLE: &[Cmd] = &[
         since: "6.0.0",
         group: "connection",
         complexity: "O(1)",
+        tips: &[],
         subcommands: &[],
     },
     Cmd {
@@ -307,6 +312,11 @@ const TABLE: &[Cmd] = &[
         since: "1.0.0",
         group: "server",
         complexity: "O(1)",
+        tips: &[
+            "nondeterministic_output",
+            "request_policy:all_shards",
+            "response_policy:special",
+        ],
         subcommands: &[],
     },
     Cmd {
@@ -318,6 +328,7 @@ const TABLE: &[Cmd] = &[
         since: "0.1.0",
         group: "sentinel",
         complexity: "O(1)",
+        tips: &[],
         subcommands: &[],
     },
     Cmd {
@@ -329,6 +340,7 @@ const TABLE: &[Cmd] = &[
         since: "1.0.0",
         group: "connection",
         complexity: "O(1)",
+        tips: &["request_policy:all_shards", "response_policy:all_succeeded"],
         subcommands: &[],
     },
     Cmd {
@@ -340,6 +352,7 @@ const TABLE: &[Cmd] = &[
         since: "2.0.0",
         group: "pubsub",
         complexity: "O(N) where N is the number of patterns to subscribe to",
+        tips: &[],
         subcommands: &[],
     },
     Cmd {
@@ -351,6 +364,7 @@ const TABLE: &[Cmd] = &[
         since: "2.0.0",
         group: "pubsub",
         complexity: "O(N) where N is the number of patterns to unsubscribe",
+        tips: &[],
         subcommands: &[],
     },
     Cmd {
@@ -369,6 +383,7 @@ const TABLE: &[Cmd] = &[
         since: "1.0.0",
         group: "connection",
         complexity: "O(1)",
+        tips: &[],
         subcommands: &[],
     },
     Cmd {
@@ -387,6 +402,7 @@ const TABLE: &[Cmd] = &[
         since: "6.2.0",
         group: "connection",
         complexity: "O(1)",
+        tips: &[],
         subcommands: &[],
     },
     Cmd {
@@ -398,6 +414,7 @@ const TABLE: &[Cmd] = &[
         since: "2.8.12",
         group: "server",
         complexity: "O(1)",
+        tips: &["nondeterministic_output"],
         subcommands: &[],
     },
     Cmd {
@@ -409,6 +426,7 @@ const TABLE: &[Cmd] = &[
         since: "2.8.4",
         group: "sentinel",
         complexity: "Depends on subcommand.",
+        tips: &[],
         subcommands: &[
             ("ckquorum", 3),
             ("failover", 3),
@@ -438,6 +456,7 @@ const TABLE: &[Cmd] = &[
         since: "2.0.0",
         group: "pubsub",
         complexity: "O(N) where N is the number of channels to subscribe to",
+        tips: &[],
         subcommands: &[],
     },
     Cmd {
@@ -449,6 +468,7 @@ const TABLE: &[Cmd] = &[
         since: "2.0.0",
         group: "pubsub",
         complexity: "O(N) where N is the number of channels to unsubscribe",
+        tips: &[],
         subcommands: &[],
     },
 ];
@@ -463,7 +483,14 @@ fn simple_set(items: &[&str]) -> Reply {
     Reply::Set(items.iter().map(|s| Reply::Simple((*s).into())).collect())
 }
 
-fn entry(name: String, arity: i64, flags: &[&str], acl: &[&str], subcommands: Vec<Reply>) -> Reply {
+fn entry(
+    name: String,
+    arity: i64,
+    flags: &[&str],
+    acl: &[&str],
+    tips: &[&str],
+    subcommands: Vec<Reply>,
+) -> Reply {
     Reply::Array(vec![
         Reply::bulk(name),
         Reply::Int(arity),
@@ -472,7 +499,7 @@ fn entry(name: String, arity: i64, flags: &[&str], acl: &[&str], subcommands: Ve
         Reply::Int(0),
         Reply::Int(0),
         simple_set(acl),
-        Reply::Set(vec![]),
+        Reply::Set(tips.iter().map(Reply::bulk).collect()),
         Reply::Set(vec![]),
         Reply::Set(subcommands),
     ])
@@ -482,9 +509,9 @@ fn info_entry(c: &Cmd) -> Reply {
     let subs = c
         .subcommands
         .iter()
-        .map(|(s, a)| entry(format!("{}|{s}", c.name), *a, c.flags, c.acl, vec![]))
+        .map(|(s, a)| entry(format!("{}|{s}", c.name), *a, c.flags, c.acl, &[], vec![]))
         .collect();
-    entry(c.name.to_string(), c.arity, c.flags, c.acl, subs)
+    entry(c.name.to_string(), c.arity, c.flags, c.acl, c.tips, subs)
 }
 
 fn docs_entry(c: &Cmd) -> Reply {
