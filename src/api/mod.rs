@@ -50,12 +50,47 @@ pub const MAX_ARGS: usize = 1024;
 pub const MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
 /// Unsent output one connection may hold, in bytes. Replies wait for room
 /// (the client is then not read either); pub/sub messages that find no room
-/// disconnect the subscriber.
+/// within [`SLOW_SUBSCRIBER_GRACE`] disconnect the subscriber.
 pub const OUTPUT_BUDGET: usize = 8 * 1024 * 1024;
 /// Unsent replies and messages one connection may hold, in entries.
 pub const OUTPUT_QUEUE: usize = 1024;
+/// How long a pub/sub message may wait for room in the output queue
+/// before its subscriber counts as slow (a burst the writer has not had
+/// the time to flush is not slowness).
+pub const SLOW_SUBSCRIBER_GRACE: Duration = Duration::from_millis(100);
 /// How long a closing connection may take to flush its last replies.
 const FLUSH_GRACE: Duration = Duration::from_secs(2);
+
+/// The listener's limits (the constants above unless a test says otherwise).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// `max_clients`.
+    pub max_clients: usize,
+    /// [`MAX_REQUEST_FRAME`].
+    pub max_request: usize,
+    /// [`MAX_ARGS`].
+    pub max_args: usize,
+    /// [`MAX_REPLY_BYTES`].
+    pub max_reply: usize,
+    /// [`OUTPUT_BUDGET`].
+    pub output_budget: usize,
+    /// [`OUTPUT_QUEUE`].
+    pub output_queue: usize,
+}
+
+impl Limits {
+    /// The production limits with `max_clients` connections.
+    pub fn new(max_clients: usize) -> Limits {
+        Limits {
+            max_clients,
+            max_request: MAX_REQUEST_FRAME,
+            max_args: MAX_ARGS,
+            max_reply: MAX_REPLY_BYTES,
+            output_budget: OUTPUT_BUDGET,
+            output_queue: OUTPUT_QUEUE,
+        }
+    }
+}
 
 /// Counters for `INFO stats` and `INFO clients`.
 #[derive(Debug, Default)]
@@ -153,6 +188,8 @@ pub struct Api {
     pub clients: Mutex<BTreeMap<u64, Arc<ClientEntry>>>,
     /// `max_clients`.
     pub max_clients: usize,
+    /// Every limit.
+    pub limits: Limits,
     /// The bound port (`INFO server` `tcp_port`).
     pub port: u16,
     /// A random 40-hex id of this process (`INFO server` `run_id`).
@@ -162,7 +199,7 @@ pub struct Api {
 
 impl Api {
     /// Shared state for a listener bound to `port`.
-    pub fn new(daemon: Arc<Daemon>, max_clients: usize, port: u16) -> Api {
+    pub fn new(daemon: Arc<Daemon>, limits: Limits, port: u16) -> Api {
         let mut rng = rand::rng();
         let run_id = (0..40)
             .map(|_| char::from(b"0123456789abcdef"[rand::Rng::random_range(&mut rng, 0..16)]))
@@ -171,7 +208,8 @@ impl Api {
             daemon,
             stats: Stats::default(),
             clients: Mutex::new(BTreeMap::new()),
-            max_clients,
+            max_clients: limits.max_clients,
+            limits,
             port,
             run_id,
             next_id: AtomicU64::new(1),
@@ -259,9 +297,19 @@ pub async fn serve(
     max_clients: usize,
     cancel: CancellationToken,
 ) {
+    serve_with(listener, daemon, Limits::new(max_clients), cancel).await;
+}
+
+/// [`serve`] with explicit limits.
+pub async fn serve_with(
+    listener: TcpListener,
+    daemon: Arc<Daemon>,
+    limits: Limits,
+    cancel: CancellationToken,
+) {
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
-    let api = Arc::new(Api::new(daemon, max_clients, port));
-    let slots = Arc::new(Semaphore::new(max_clients));
+    let slots = Arc::new(Semaphore::new(limits.max_clients));
+    let api = Arc::new(Api::new(daemon, limits, port));
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -323,6 +371,7 @@ struct Out {
 struct Output {
     tx: mpsc::Sender<Out>,
     budget: Arc<Semaphore>,
+    size: usize,
 }
 
 /// Why output could not be queued.
@@ -335,8 +384,8 @@ enum Blocked {
 }
 
 impl Output {
-    fn permits(len: usize) -> u32 {
-        u32::try_from(len.clamp(1, OUTPUT_BUDGET)).unwrap_or(u32::MAX)
+    fn permits(&self, len: usize) -> u32 {
+        u32::try_from(len.clamp(1, self.size)).unwrap_or(u32::MAX)
     }
 
     /// Queue a reply, waiting for room.
@@ -344,7 +393,7 @@ impl Output {
         let permit = self
             .budget
             .clone()
-            .acquire_many_owned(Self::permits(bytes.len()))
+            .acquire_many_owned(self.permits(bytes.len()))
             .await
             .map_err(|_| Blocked::Closed)?;
         self.tx
@@ -356,22 +405,47 @@ impl Output {
             .map_err(|_| Blocked::Closed)
     }
 
-    /// Queue a pub/sub message without waiting.
-    fn message(&self, bytes: Bytes) -> Result<(), Blocked> {
-        let permit = self
-            .budget
-            .clone()
-            .try_acquire_many_owned(Self::permits(bytes.len()))
-            .map_err(|_| Blocked::Full)?;
-        self.tx
-            .try_send(Out {
+    /// Queue a pub/sub message, waiting at most [`SLOW_SUBSCRIBER_GRACE`]
+    /// for room.
+    async fn message(&self, bytes: Bytes) -> Result<(), Blocked> {
+        let n = self.permits(bytes.len());
+        if let Ok(permit) = self.budget.clone().try_acquire_many_owned(n) {
+            match self.tx.try_send(Out {
                 bytes,
                 _permit: Some(permit),
-            })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => Blocked::Full,
-                mpsc::error::TrySendError::Closed(_) => Blocked::Closed,
-            })
+            }) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Closed(_)) => return Err(Blocked::Closed),
+                Err(mpsc::error::TrySendError::Full(out)) => {
+                    return self.wait_for_room(out).await;
+                }
+            }
+        }
+        let out = Out {
+            bytes,
+            _permit: None,
+        };
+        self.wait_for_room(out).await
+    }
+
+    async fn wait_for_room(&self, mut out: Out) -> Result<(), Blocked> {
+        let n = self.permits(out.bytes.len());
+        let wait = async {
+            if out._permit.is_none() {
+                out._permit = Some(
+                    self.budget
+                        .clone()
+                        .acquire_many_owned(n)
+                        .await
+                        .map_err(|_| Blocked::Closed)?,
+                );
+            }
+            self.tx.send(out).await.map_err(|_| Blocked::Closed)
+        };
+        match tokio::time::timeout(SLOW_SUBSCRIBER_GRACE, wait).await {
+            Ok(r) => r,
+            Err(_) => Err(Blocked::Full),
+        }
     }
 }
 
@@ -406,10 +480,12 @@ enum End {
 async fn handle(sock: TcpStream, peer: String, api: &Arc<Api>) {
     let laddr = sock.local_addr().map(|a| a.to_string()).unwrap_or_default();
     let (rd, wr) = sock.into_split();
-    let (tx, rx) = mpsc::channel(OUTPUT_QUEUE);
+    let (tx, rx) = mpsc::channel(api.limits.output_queue.max(1));
+    let size = api.limits.output_budget.clamp(1, Semaphore::MAX_PERMITS);
     let out = Output {
         tx,
-        budget: Arc::new(Semaphore::new(OUTPUT_BUDGET)),
+        budget: Arc::new(Semaphore::new(size)),
+        size,
     };
     let writer = tokio::spawn(write_loop(wr, rx));
     let now = Instant::now();
@@ -469,7 +545,10 @@ async fn run(
     rd: tokio::net::tcp::OwnedReadHalf,
     out: &Output,
 ) -> End {
-    let mut frames = FramedRead::new(rd, RequestDecoder::new(MAX_ARGS, MAX_REQUEST_FRAME));
+    let mut frames = FramedRead::new(
+        rd,
+        RequestDecoder::new(api.limits.max_args, api.limits.max_request),
+    );
     let kill = conn.entry.kill.clone();
     loop {
         tokio::select! {
@@ -478,7 +557,7 @@ async fn run(
             ev = next_event(&mut conn.events) => match ev {
                 Ok(ev) => {
                     for msg in conn.subs.messages(&ev) {
-                        match out.message(msg.to_bytes(conn.resp3)) {
+                        match out.message(msg.to_bytes(conn.resp3)).await {
                             Ok(()) => {}
                             Err(Blocked::Full) => return slow_subscriber(conn, "output queue full"),
                             Err(Blocked::Closed) => return End::Abort,
@@ -510,11 +589,12 @@ async fn run(
                 };
                 conn.publish_state(&cmd_name);
                 let mut bytes = reply.to_bytes(conn.resp3);
-                if bytes.len() > MAX_REPLY_BYTES {
+                if bytes.len() > api.limits.max_reply {
                     metrics::counter!(m::API_REJECTED, "reason" => "reply_too_large").increment(1);
                     bytes = Reply::err(format!(
-                        "ERR reply of {} bytes exceeds the limit of {MAX_REPLY_BYTES} bytes",
-                        bytes.len()
+                        "ERR reply of {} bytes exceeds the limit of {} bytes",
+                        bytes.len(),
+                        api.limits.max_reply
                     ))
                     .to_bytes(conn.resp3);
                     api.stats.error_replies.fetch_add(1, Ordering::Relaxed);
@@ -534,5 +614,165 @@ async fn run(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::{DaemonCtx, PeerTable, Tilt};
+    use crate::events::Events;
+    use crate::quorum::state::StateStore;
+    use tokio::io::AsyncReadExt;
+
+    fn daemon(dir: &std::path::Path, password: Option<&str>) -> Arc<Daemon> {
+        let config: crate::config::Config = toml::from_str("[daemon]\n").unwrap();
+        let events = Events::new();
+        let ctx = Arc::new(DaemonCtx {
+            id: "test-daemon".into(),
+            announce: "127.0.0.1:0".into(),
+            state: Arc::new(StateStore::open(dir, Some("test-daemon")).unwrap()),
+            peers: vec![],
+            peer_table: PeerTable::new(&[]),
+            events: events.clone(),
+            hello_now: tokio::sync::Notify::new(),
+            tilt: Tilt::new(events),
+            password: password.map(String::from),
+            simulate_failure: Default::default(),
+        });
+        Arc::new(Daemon {
+            ctx,
+            groups: Default::default(),
+            config: std::sync::RwLock::new(config),
+            metrics: None,
+            ready: Default::default(),
+            started: Instant::now(),
+        })
+    }
+
+    async fn start(
+        limits: Limits,
+    ) -> (
+        Arc<Daemon>,
+        SocketAddr,
+        CancellationToken,
+        tempfile::TempDir,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let d = daemon(dir.path(), None);
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        tokio::spawn(serve_with(l, d.clone(), limits, cancel.clone()));
+        (d, addr, cancel, dir)
+    }
+
+    use std::net::SocketAddr;
+
+    fn cmd(args: &[&str]) -> Vec<u8> {
+        let mut v = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            v.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+        v
+    }
+
+    async fn read_some(s: &mut TcpStream) -> String {
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_reply_over_the_cap_becomes_an_error() {
+        let mut limits = Limits::new(10);
+        limits.max_reply = 64;
+        let (_d, addr, cancel, _dir) = start(limits).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&cmd(&["INFO"])).await.unwrap();
+        let r = read_some(&mut s).await;
+        assert!(
+            r.starts_with("-ERR reply of ") && r.ends_with("exceeds the limit of 64 bytes\r\n"),
+            "{r}"
+        );
+        s.write_all(&cmd(&["PING"])).await.unwrap();
+        assert_eq!(read_some(&mut s).await, "+PONG\r\n");
+        cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_stops_reading_is_cut_off_and_others_are_not() {
+        let mut limits = Limits::new(10);
+        limits.output_queue = 8;
+        limits.output_budget = 64 * 1024;
+        let (d, addr, cancel, _dir) = start(limits).await;
+        // A tiny receive window, so that the kernel holds little for it.
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        let mut stalled = sock.connect(addr).await.unwrap();
+        stalled.write_all(&cmd(&["SUBSCRIBE", "+x"])).await.unwrap();
+        assert!(read_some(&mut stalled).await.contains("subscribe"));
+        let mut good = TcpStream::connect(addr).await.unwrap();
+        good.write_all(&cmd(&["HELLO", "3"])).await.unwrap();
+        read_some(&mut good).await;
+        good.write_all(&cmd(&["SUBSCRIBE", "+x"])).await.unwrap();
+        assert!(read_some(&mut good).await.starts_with(">3\r\n"));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 1 << 20];
+            let mut total = 0usize;
+            while !stop2.load(Ordering::SeqCst) {
+                match tokio::time::timeout(Duration::from_millis(200), good.read(&mut buf)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) => return (total, false),
+                    Ok(Ok(n)) => total += n,
+                    Err(_) => {}
+                }
+            }
+            (total, true)
+        });
+        let mut admin = TcpStream::connect(addr).await.unwrap();
+        // Paced bursts, so that the broadcast never lags: the cut-off comes
+        // from the stalled connection's own queue. At most 64 MB in all.
+        let payload = "y".repeat(1000);
+        let mut cut_off = false;
+        for _ in 0..6400 {
+            for _ in 0..10 {
+                d.ctx.events.emit("+x", payload.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            admin
+                .write_all(&cmd(&["CLIENT", "LIST", "TYPE", "pubsub"]))
+                .await
+                .unwrap();
+            let list = read_some(&mut admin).await;
+            if list.matches("sub=1").count() == 1 {
+                cut_off = true;
+                break;
+            }
+        }
+        assert!(cut_off, "the stalled subscriber was not disconnected");
+        stop.store(true, Ordering::SeqCst);
+        let (got, alive) = reader.await.unwrap();
+        assert!(
+            alive,
+            "the reading subscriber was cut off after {got} bytes"
+        );
+        // The stalled one reads what was buffered, then end of stream.
+        let mut buf = vec![0u8; 1 << 16];
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match stalled.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the stalled subscriber's socket stays open");
+        cancel.cancel();
     }
 }
