@@ -45,7 +45,7 @@ impl Py {
             "/tests/python/sentinel_failover.py"
         );
         let mut child = Command::new("python3")
-            .args([script, "--sentinels", sentinels, "--service", NAME])
+            .args(["-B", script, "--sentinels", sentinels, "--service", NAME])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
