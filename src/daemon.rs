@@ -134,6 +134,7 @@ impl PeerTable {
 #[derive(Debug)]
 pub struct Tilt {
     until: Mutex<Option<Instant>>,
+    entered: Mutex<Option<Instant>>,
     events: Events,
 }
 
@@ -142,6 +143,7 @@ impl Tilt {
     pub fn new(events: Events) -> Self {
         Tilt {
             until: Mutex::new(None),
+            entered: Mutex::new(None),
             events,
         }
     }
@@ -156,6 +158,7 @@ impl Tilt {
         let was = g.is_some_and(|u| now < u);
         *g = Some(now + period);
         if !was {
+            *self.entered.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
             metrics::counter!(m::TILTS).increment(1);
             metrics::gauge!(m::TILT).set(1.0);
             self.events.emit(
@@ -180,9 +183,14 @@ impl Tilt {
         }
     }
 
-    /// When TILT began (for INFO), if active.
+    /// When TILT ends (or ended).
     pub fn until(&self) -> Option<Instant> {
         *self.lock()
+    }
+
+    /// When the latest TILT began (INFO's `sentinel_tilt_since_seconds`).
+    pub fn since(&self) -> Option<Instant> {
+        *self.entered.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
