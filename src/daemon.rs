@@ -21,6 +21,8 @@ pub struct PeerEntry {
     pub id: Option<String>,
     /// When it last answered anything.
     pub last_seen: Option<Instant>,
+    /// When its last hello arrived (the only proof of its current config).
+    pub last_hello: Option<Instant>,
     /// Its last hello.
     pub hello: Option<Hello>,
 }
@@ -42,6 +44,7 @@ impl PeerTable {
                         addr: a.clone(),
                         id: None,
                         last_seen: None,
+                        last_hello: None,
                         hello: None,
                     })
                     .collect(),
@@ -102,6 +105,7 @@ impl PeerTable {
     fn store(e: &mut PeerEntry, hello: &Hello, now: Instant) {
         e.id = Some(hello.id.clone());
         e.last_seen = Some(now);
+        e.last_hello = Some(now);
         e.hello = Some(hello.clone());
         metrics::gauge!(m::PEER_UP, "peer" => e.addr.clone()).set(1.0);
     }

@@ -1237,19 +1237,23 @@ impl Group {
         let peers = self.ctx.peer_table.snapshot();
         let mut confirmed = 1;
         for e in &peers {
-            let fresh = e
-                .last_seen
-                .is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL);
-            if !fresh {
-                continue;
-            }
+            // Any peer known to hold a newer config, however old its hello:
+            // this daemon's view is stale and must not act on it.
             if let Some(h) = &e.hello
                 && let Some(g) = h.groups.iter().find(|g| g.name == self.cfg.name)
                 && g.config_epoch > self.config_epoch
             {
                 return false;
             }
-            confirmed += 1;
+            // Only a recent hello confirms the peer's config; an answer to
+            // IS-DOWN proves it is alive, not what it believes (a daemon
+            // back from a partition hears answers before hellos).
+            let fresh = e
+                .last_hello
+                .is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL);
+            if fresh {
+                confirmed += 1;
+            }
         }
         confirmed >= self.ctx.majority()
     }
