@@ -92,30 +92,32 @@ impl InstanceOps {
             }
             result?;
         } else {
-            c.call(["MULTI"]).await.map_err(perr)?;
-            c.call(["REPLICAOF", "NO", "ONE"]).await.map_err(perr)?;
-            // Inside MULTI a refused command (renamed, ACL) answers an error
-            // right away and EXEC then aborts the whole transaction: the
-            // replica is not even promoted.
-            if let Err(e) = c.call(["FLUSHALL"]).await {
-                let _ = c.call(["DISCARD"]).await;
-                return Err(PromoteError::Flush(format!("{addr}: FLUSHALL: {e}")));
-            }
-            match c.call(["EXEC"]).await {
-                Ok(redis_protocol::resp2::types::BytesFrame::Array(replies)) => {
-                    for r in replies {
-                        if let redis_protocol::resp2::types::BytesFrame::Error(m) = r {
-                            return Err(PromoteError::Flush(format!("{addr}: {m}")));
-                        }
-                    }
+            // A read-only replica refuses to even queue a write, so a
+            // FLUSHALL in the MULTI that promotes it would abort the whole
+            // transaction (READONLY, then EXECABORT). Make it writable for
+            // the transaction and put the setting back afterwards; a write
+            // landing in between is flushed by the transaction itself.
+            let read_only = match c.call(["CONFIG", "GET", "replica-read-only"]).await {
+                Ok(redis_protocol::resp2::types::BytesFrame::Array(kv)) => {
+                    kv.get(1).and_then(crate::resp::frame_text)
                 }
-                Ok(other) => {
-                    return Err(PromoteError::Flush(format!(
-                        "{addr}: EXEC replied {other:?}"
-                    )));
-                }
-                Err(e) => return Err(PromoteError::Flush(format!("{addr}: EXEC: {e}"))),
+                _ => None,
+            };
+            c.call(["CONFIG", "SET", "replica-read-only", "no"])
+                .await
+                .map_err(|e| {
+                    PromoteError::Flush(format!("{addr}: CONFIG SET replica-read-only no: {e}"))
+                })?;
+            let result = promote_and_flush(&mut c, addr).await;
+            let restore = read_only.as_deref().unwrap_or("yes");
+            if let Err(e) = c
+                .call(["CONFIG", "SET", "replica-read-only", restore])
+                .await
+            {
+                tracing::warn!(instance = %addr, error = %e,
+                    "cannot restore replica-read-only after the promotion");
             }
+            result?;
         }
         if flush {
             let n = c
@@ -269,5 +271,34 @@ impl InstanceOps {
                 }
             }
         }
+    }
+}
+
+/// `REPLICAOF NO ONE` and `FLUSHALL` in one MULTI/EXEC, so that no write
+/// can land between the promotion and the flush.
+async fn promote_and_flush(c: &mut Connection, addr: &Addr) -> Result<(), PromoteError> {
+    let perr = |e: RespError| PromoteError::Promotion(format!("{addr}: {e}"));
+    c.call(["MULTI"]).await.map_err(perr)?;
+    c.call(["REPLICAOF", "NO", "ONE"]).await.map_err(perr)?;
+    // Inside MULTI a refused command (renamed, ACL) answers an error
+    // right away and EXEC then aborts the whole transaction: the
+    // replica is not even promoted.
+    if let Err(e) = c.call(["FLUSHALL"]).await {
+        let _ = c.call(["DISCARD"]).await;
+        return Err(PromoteError::Flush(format!("{addr}: FLUSHALL: {e}")));
+    }
+    match c.call(["EXEC"]).await {
+        Ok(redis_protocol::resp2::types::BytesFrame::Array(replies)) => {
+            for r in replies {
+                if let redis_protocol::resp2::types::BytesFrame::Error(m) = r {
+                    return Err(PromoteError::Flush(format!("{addr}: {m}")));
+                }
+            }
+            Ok(())
+        }
+        Ok(other) => Err(PromoteError::Flush(format!(
+            "{addr}: EXEC replied {other:?}"
+        ))),
+        Err(e) => Err(PromoteError::Flush(format!("{addr}: EXEC: {e}"))),
     }
 }
