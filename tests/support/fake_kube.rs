@@ -384,6 +384,16 @@ impl FakeKube {
         self.st().conflict_next_writes = n;
     }
 
+    /// Injected faults not yet used: (5xx answers, 429 answers, conflicts).
+    pub fn faults_left(&self) -> (usize, usize, usize) {
+        let st = self.st();
+        (
+            st.fail_next.len(),
+            st.throttle_next.len(),
+            st.conflict_next_writes,
+        )
+    }
+
     /// Seed a pod with an IP and labels; returns it.
     pub fn add_pod(&self, ns: &str, name: &str, ip: &str, labels: &[(&str, &str)]) -> Value {
         let labels: serde_json::Map<String, Value> = labels
