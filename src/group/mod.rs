@@ -1040,8 +1040,9 @@ impl Group {
                     });
                 }
                 Action::Publish { master } => {
+                    let old = self.master.clone();
                     self.adopt_master(master, epoch, Reporter::Leader, None);
-                    let topology = self.topology(Reporter::Leader, None);
+                    let topology = self.topology(Reporter::Leader, self.replaced(old));
                     let runner = self.discovery.clone();
                     tokio::spawn(async move {
                         let r = runner
@@ -1184,6 +1185,12 @@ impl Group {
         }
         self.ctx.hello_now.notify_one();
         self.publish_view();
+    }
+
+    /// `old` when the master is no longer `old` (the `from` of a
+    /// publication, as in Sentinel's client-reconfig-script arguments).
+    fn replaced(&self, old: Addr) -> Option<Addr> {
+        (old != self.master).then_some(old)
     }
 
     fn topology(&self, reporter: Reporter, old_master: Option<Addr>) -> Topology {
@@ -1503,13 +1510,14 @@ impl Group {
         {
             let _ = r.send(Err("INPROG a newer configuration was adopted".into()));
         }
+        let old = self.master.clone();
         self.adopt_master(
             group.master,
             group.config_epoch,
             Reporter::Observer,
             Some(from),
         );
-        let topology = self.topology(Reporter::Observer, None);
+        let topology = self.topology(Reporter::Observer, self.replaced(old));
         let runner = self.discovery.clone();
         let deadline = self.cfg.failover_timeout;
         let name = self.cfg.name.clone();

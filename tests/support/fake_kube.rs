@@ -18,7 +18,11 @@
 //! - faults: latency, slow requests, 429 with `Retry-After`, 5xx for the next
 //!   N requests, "another writer" touching an object just before the next
 //!   writes (so a conditional write meets a real 409);
-//! - a request log (method, path, query, content type, body, status, time).
+//! - a request log (method, path, query, content type, body, status, time);
+//! - a hook run on every request as it arrives, before it is answered (a
+//!   test can look at the world at the exact moment of a write);
+//! - "down": the port is closed (connections refused) and open
+//!   connections are cut, until it is brought up again on the same port.
 //!
 //! Use from an integration test with
 //! `#[path = "support/fake_kube.rs"] mod fake_kube;`.
@@ -110,6 +114,9 @@ impl LoggedRequest {
     }
 }
 
+/// A function run on every request as it arrives, before it is answered.
+pub type RequestHook = Arc<dyn Fn(&LoggedRequest) + Send + Sync>;
+
 #[derive(Default)]
 struct State {
     objects: BTreeMap<(FakeKind, String, String), Value>,
@@ -123,6 +130,7 @@ struct State {
     conflict_next_writes: usize,
     log: Vec<LoggedRequest>,
     next_log_id: u64,
+    hook: Option<RequestHook>,
 }
 
 impl State {
@@ -138,7 +146,14 @@ pub struct FakeKube {
     ca_pem: String,
     issuer: Arc<Issuer<'static, KeyPair>>,
     state: Arc<Mutex<State>>,
+    down: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Resolves once `rx` holds `want`.
+async fn until(rx: &mut tokio::sync::watch::Receiver<bool>, want: bool) {
+    // An error means the sender is gone: the fake is being dropped.
+    let _ = rx.wait_for(|v| *v == want).await;
 }
 
 impl Drop for FakeKube {
@@ -160,6 +175,17 @@ fn new_ca(cn: &str) -> (String, Issuer<'static, KeyPair>) {
     ];
     let cert = params.self_signed(&key).unwrap();
     (cert.pem(), Issuer::new(params, key))
+}
+
+/// Listen on `addr` again after being down (the old socket may linger briefly).
+async fn bind_again(addr: std::net::SocketAddr) -> Option<TcpListener> {
+    for _ in 0..100 {
+        if let Ok(l) = TcpListener::bind(addr).await {
+            return Some(l);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
 }
 
 /// The PEM of a CA that has nothing to do with any fake (for negative tests).
@@ -217,31 +243,60 @@ impl FakeKube {
             tokens: [DEFAULT_TOKEN.to_string()].into_iter().collect(),
             ..State::default()
         }));
+        let (down, down_rx) = tokio::sync::watch::channel(false);
         let st = state.clone();
         let task = tokio::spawn(async move {
+            let mut listener = Some(listener);
+            let mut rx = down_rx;
             loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
+                let l = match listener.take() {
+                    Some(l) => l,
+                    None => {
+                        // Down: nothing listens, so connections are refused.
+                        until(&mut rx, false).await;
+                        match bind_again(addr).await {
+                            Some(l) => l,
+                            None => return,
+                        }
+                    }
                 };
-                let acceptor = acceptor.clone();
-                let st = st.clone();
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
+                loop {
+                    let accepted = tokio::select! {
+                        a = l.accept() => a,
+                        _ = until(&mut rx, true) => break,
                     };
-                    let has_cert = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .is_some_and(|c| !c.is_empty());
-                    let svc = hyper::service::service_fn(move |req| {
-                        let st = st.clone();
-                        async move { Ok::<_, Infallible>(handle(st, req, has_cert).await) }
+                    let Ok((tcp, _)) = accepted else {
+                        continue;
+                    };
+                    let acceptor = acceptor.clone();
+                    let st = st.clone();
+                    let mut conn_rx = rx.clone();
+                    tokio::spawn(async move {
+                        let serve = async {
+                            let Ok(tls) = acceptor.accept(tcp).await else {
+                                return;
+                            };
+                            let has_cert = tls
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .is_some_and(|c| !c.is_empty());
+                            let svc = hyper::service::service_fn(move |req| {
+                                let st = st.clone();
+                                async move { Ok::<_, Infallible>(handle(st, req, has_cert).await) }
+                            });
+                            let _ = hyper::server::conn::http1::Builder::new()
+                                .serve_connection(TokioIo::new(tls), svc)
+                                .await;
+                        };
+                        // Going down cuts open (keep-alive) connections too.
+                        tokio::select! {
+                            _ = serve => {}
+                            _ = until(&mut conn_rx, true) => {}
+                        }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tls), svc)
-                        .await;
-                });
+                }
+                // `l` is dropped here: the port closes.
             }
         });
         FakeKube {
@@ -249,8 +304,22 @@ impl FakeKube {
             ca_pem,
             issuer: Arc::new(issuer),
             state,
+            down,
             task,
         }
+    }
+
+    /// Take the API server down (`true`: the port is closed, open
+    /// connections are cut) or bring it back up on the same port.
+    pub fn set_down(&self, down: bool) {
+        self.down.send_replace(down);
+    }
+
+    /// Run `hook` on every request as it arrives (after it is logged,
+    /// before any latency or answer); `None` removes it. The hook runs on
+    /// the server's task: it may block briefly.
+    pub fn set_hook(&self, hook: Option<RequestHook>) {
+        self.st().hook = hook;
     }
 
     /// `https://127.0.0.1:PORT`.
@@ -313,6 +382,16 @@ impl FakeKube {
     /// act as another writer: touch the object (new resourceVersion).
     pub fn conflict_next_writes(&self, n: usize) {
         self.st().conflict_next_writes = n;
+    }
+
+    /// Injected faults not yet used: (5xx answers, 429 answers, conflicts).
+    pub fn faults_left(&self) -> (usize, usize, usize) {
+        let st = self.st();
+        (
+            st.fail_next.len(),
+            st.throttle_next.len(),
+            st.conflict_next_writes,
+        )
     }
 
     /// Seed a pod with an IP and labels; returns it.
@@ -442,11 +521,11 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
 
     // Logged on arrival, so that a request the client abandons (timeout)
     // still shows.
-    let id = {
+    let (id, hook, entry) = {
         let mut st = state.lock().unwrap();
         st.next_log_id += 1;
         let id = st.next_log_id;
-        st.log.push(LoggedRequest {
+        let entry = LoggedRequest {
             id,
             method: method.clone(),
             path: path.clone(),
@@ -455,9 +534,13 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
             body: body.clone(),
             status: 0,
             at,
-        });
-        id
+        };
+        st.log.push(entry.clone());
+        (id, st.hook.clone(), entry)
     };
+    if let Some(hook) = hook {
+        hook(&entry);
+    }
     let delay = {
         let mut st = state.lock().unwrap();
         let extra = if st.slow_next.is_empty() {
