@@ -151,6 +151,7 @@ struct Group {
     last_failover: Option<LastFailover>,
     last_tick: Instant,
     last_export: Instant,
+    published_epoch: Option<u64>,
     reason: Option<String>,
 }
 
@@ -251,6 +252,7 @@ pub fn spawn(
         last_failover: None,
         last_tick: now,
         last_export: now,
+        published_epoch: None,
         reason: None,
         cfg,
         ctx,
@@ -1143,6 +1145,8 @@ impl Group {
             tracing::error!(group = %self.cfg.name, error = %e, "cannot persist the new master");
             return;
         }
+        // Every caller publishes the adopted config right after.
+        self.published_epoch = Some(epoch);
         let old = std::mem::replace(&mut self.master, master.clone());
         self.config_epoch = epoch;
         metrics::gauge!(m::CONFIG_EPOCH, "group" => self.cfg.name.clone()).set(epoch as f64);
@@ -1265,10 +1269,41 @@ impl Group {
         confirmed >= self.ctx.majority()
     }
 
+    /// Publish the current config once per config epoch when nobody did
+    /// in this process yet (after a start or a restart), so that backends
+    /// converge without waiting for a failover: only once the master itself
+    /// reports `role:master` on a fresh INFO and a majority confirms the
+    /// config. Backends refuse it if they hold a newer epoch.
+    fn publish_current_if_needed(&mut self) {
+        if self.published_epoch == Some(self.config_epoch) {
+            return;
+        }
+        let confirmed = self.instances.get(&self.master).is_some_and(|i| {
+            i.connected
+                && !i.sdown.is_down()
+                && i.info_at.is_some_and(|t| Some(t) >= i.connected_at)
+                && i.info.as_ref().is_some_and(|x| x.role == Role::Master)
+        });
+        if !confirmed {
+            return;
+        }
+        self.published_epoch = Some(self.config_epoch);
+        let topology = self.topology(Reporter::Observer, None);
+        let runner = self.discovery.clone();
+        let deadline = self.cfg.failover_timeout;
+        let name = self.cfg.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = runner.publish(topology, deadline).await {
+                tracing::warn!(group = %name, error = %e, "publishing the current config failed");
+            }
+        });
+    }
+
     fn check_topology(&mut self, now: Instant) {
         if !self.may_reconfigure(now) {
             return;
         }
+        self.publish_current_if_needed();
         let master = self.master.clone();
         let master_up = self
             .instances
