@@ -51,6 +51,13 @@ const SEED_KEYS: usize = 20;
 /// How long a failover (detection, election, fence, promotion, publication,
 /// re-pointing) may take on a loaded machine.
 const FAILOVER_WAIT: Duration = Duration::from_secs(40);
+/// How long the start-up publication (every daemon publishes epoch 0 once
+/// the master reports role:master and a majority confirms the config) may
+/// take once the cluster is healthy.
+const STARTUP_WAIT: Duration = Duration::from_secs(30);
+/// The epoch a test seeds into backends, as if a failover unknown to these
+/// daemons had been published.
+const NEWER_EPOCH: u64 = 1000;
 
 /// The tests start six processes each: run them one after the other.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -415,6 +422,28 @@ struct Opts {
     /// Whether the fake and the webhook receiver look at the servers on
     /// every write (off when measuring latencies).
     snapshots: bool,
+    /// Backends that already hold [`NEWER_EPOCH`] when the daemons start.
+    newer: Newer,
+}
+
+/// Which backends hold [`NEWER_EPOCH`] before the daemons start, so that
+/// the start-up publication meets it as well as the failover's writes.
+#[derive(Clone, Copy, Default)]
+struct Newer {
+    /// The `picket.io/epoch` annotation of the three pods.
+    pods: bool,
+    /// The `picket.io/epoch` annotation of the EndpointSlice.
+    slice: bool,
+    /// Every daemon's file (see [`newer_file`]).
+    files: bool,
+}
+
+/// The content of a file published at [`NEWER_EPOCH`] by someone else.
+fn newer_file() -> String {
+    json!({"group": GROUP, "epoch": NEWER_EPOCH, "master": "127.0.0.1:1", "master_host": "127.0.0.1",
+           "master_port": 1, "replicas": [], "reporter": "leader",
+           "updated_at": "2030-01-01T00:00:00.000Z"})
+    .to_string()
 }
 
 impl Default for Opts {
@@ -426,6 +455,7 @@ impl Default for Opts {
             failover_timeout: "10s",
             token: DEFAULT_TOKEN.into(),
             snapshots: true,
+            newer: Newer::default(),
         }
     }
 }
@@ -449,6 +479,18 @@ struct Converged {
     statuses: Vec<Value>,
 }
 
+/// Where the start-up publication ended in each record: what a test
+/// looks at after it belongs to the failover.
+#[derive(Debug, Clone, Default)]
+struct Mark {
+    /// The id of the fake's last logged request.
+    fake: u64,
+    /// Requests the webhook receiver got.
+    webhook: usize,
+    /// Runs of each daemon's exec program.
+    exec: Vec<usize>,
+}
+
 /// Everything a test runs; dropped in field order: the daemons first, the
 /// runtime (which runs the fake and the webhook receiver) last.
 struct Env {
@@ -461,8 +503,29 @@ struct Env {
     seen: Arc<Mutex<HashMap<u64, Vec<ServerState>>>>,
     http: reqwest::Client,
     clock: Clock,
+    opts: Opts,
+    /// The end of the start-up publication.
+    mark: Mark,
     dir: TempDir,
     rt: tokio::runtime::Runtime,
+}
+
+/// `n` ports free on 127.0.0.1 right now, all different: [`free_port`]
+/// releases each port at once, so two calls may return the same one, and
+/// a daemon whose two ports coincide refuses to start.
+fn distinct_free_ports(n: usize) -> Vec<u16> {
+    let mut ports: Vec<u16> = Vec::with_capacity(n);
+    for _ in 0..100 * n {
+        if ports.len() == n {
+            break;
+        }
+        let p = free_port("127.0.0.1");
+        if !ports.contains(&p) {
+            ports.push(p);
+        }
+    }
+    assert_eq!(ports.len(), n, "no {n} distinct free ports: {ports:?}");
+    ports
 }
 
 /// The pod name of server `i`.
@@ -545,6 +608,17 @@ impl Env {
                 }],
             }),
         );
+        // Seeded before the daemons start, so that their start-up
+        // publication meets the newer epoch too.
+        let newer = NEWER_EPOCH.to_string();
+        if opts.newer.pods {
+            for i in 0..3 {
+                fake.set_annotation(FakeKind::Pod, NS, &pod(i), EPOCH_ANNOTATION, &newer);
+            }
+        }
+        if opts.newer.slice {
+            fake.set_annotation(FakeKind::EndpointSlice, NS, SLICE, EPOCH_ANNOTATION, &newer);
+        }
         let seen: Arc<Mutex<HashMap<u64, Vec<ServerState>>>> = Arc::default();
         if opts.snapshots {
             let seen = seen.clone();
@@ -579,8 +653,8 @@ impl Env {
         std::fs::write(&script, RECORD_SCRIPT).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
 
-        let resp: Vec<u16> = (0..3).map(|_| free_port("127.0.0.1")).collect();
-        let http: Vec<u16> = (0..3).map(|_| free_port("127.0.0.1")).collect();
+        let ports = distinct_free_ports(6);
+        let (resp, http) = (ports[..3].to_vec(), ports[3..].to_vec());
         let master = servers[0].addr();
         let daemons = (0..3)
             .map(|i| {
@@ -596,6 +670,9 @@ impl Env {
                         file = d.join("discovery.json");
                         exec_dir = d.join("exec");
                         std::fs::create_dir(&exec_dir).unwrap();
+                        if opts.newer.files {
+                            std::fs::write(&file, newer_file()).unwrap();
+                        }
                         format!(
                             r#"[daemon]
 id = "{id}"
@@ -674,7 +751,7 @@ required = {hook_req}
             .timeout(Duration::from_secs(2))
             .build()
             .unwrap();
-        let env = Env {
+        let mut env = Env {
             daemons,
             poller: Poller::start(addrs),
             servers,
@@ -683,11 +760,237 @@ required = {hook_req}
             seen,
             http: http_client,
             clock: Clock::now(),
+            opts,
+            mark: Mark::default(),
             dir,
             rt,
         };
         env.wait_healthy(master, 0, Duration::from_secs(30));
+        env.wait_startup_publication();
         env
+    }
+
+    /// The result every daemon's start-up publication must get from the
+    /// backend `b` (a status entry): refused where a newer epoch was
+    /// seeded, permanent where the token is rejected, ok elsewhere.
+    fn startup_result(&self, b: &Value) -> &'static str {
+        let name = b["name"].as_str().unwrap_or_default();
+        let newer = self.opts.newer;
+        match b["kind"].as_str() {
+            Some("kubernetes") if self.opts.token != DEFAULT_TOKEN => "permanent",
+            Some("kubernetes") if name.contains("/pods ") && newer.pods => "stale",
+            Some("kubernetes") if name.contains("/endpointslice ") && newer.slice => "stale",
+            Some("file") if newer.files => "stale",
+            _ => "ok",
+        }
+    }
+
+    /// Wait (bounded) until every daemon's start-up publication (epoch 0,
+    /// the configured master, reporter `observer`) got its final answer
+    /// from all five backends, check what it left in each of them, and
+    /// remember where it ended: the tests look at the failover's writes,
+    /// which come after.
+    #[track_caller]
+    fn wait_startup_publication(&mut self) {
+        let statuses = self.wait_statuses(
+            "the start-up publication confirmed or refused by every backend",
+            STARTUP_WAIT,
+            |gs| {
+                gs.iter().all(|g| {
+                    g["discovery"].as_array().is_some_and(|bs| {
+                        bs.len() == 5
+                            && bs.iter().all(|b| {
+                                b["last_op"] == "publish"
+                                    && b["last_epoch"] == 0
+                                    && b["retrying"] == false
+                                    && ["ok", "stale", "permanent"]
+                                        .contains(&b["last_result"].as_str().unwrap_or(""))
+                            })
+                    })
+                })
+            },
+        );
+        for (g, d) in statuses.iter().zip(&self.daemons) {
+            for b in g["discovery"].as_array().unwrap() {
+                if b["last_result"] != self.startup_result(b) {
+                    self.fail(&format!(
+                        "the start-up publication of {} got {} from {b}, expected {}",
+                        d.id,
+                        b["last_result"],
+                        self.startup_result(b)
+                    ));
+                }
+            }
+        }
+        self.check_startup_publication();
+        self.mark = Mark {
+            fake: self.fake.requests().iter().map(|r| r.id).max().unwrap_or(0),
+            webhook: self.webhook.received().len(),
+            exec: self
+                .daemons
+                .iter()
+                .map(|d| exec_runs(&d.exec_dir).len())
+                .collect(),
+        };
+    }
+
+    /// What the start-up publication left in every backend: where it was
+    /// accepted, the configured master (server 0) at epoch 0; where a
+    /// newer epoch was seeded or the token is rejected, nothing written
+    /// (reads only).
+    #[track_caller]
+    fn check_startup_publication(&self) {
+        let master = self.servers[0].addr();
+        let replicas = replicas_of(self, master);
+        let k8s_ok = self.opts.token == DEFAULT_TOKEN;
+        let pods_path = format!("/api/v1/namespaces/{NS}/pods/");
+        let slice_path = format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices");
+        let ws = self.fake.writes();
+        if k8s_ok && !self.opts.newer.pods {
+            for i in 0..3 {
+                let want = if i == 0 { "master" } else { "replica" };
+                assert_eq!(
+                    self.pod_label(i, "role").as_deref(),
+                    Some(want),
+                    "{}",
+                    pod(i)
+                );
+                assert_eq!(self.pod_epoch(i).as_deref(), Some("0"), "{}", pod(i));
+            }
+            // Never two pods labelled master, even at start-up.
+            let pod_writes: Vec<Write> = writes_since(self, 0)
+                .into_iter()
+                .filter(|w| w.pod.is_some())
+                .collect();
+            replay_pod_labels(self, &pod_writes, initial_labels(), &pod(0));
+        } else {
+            let w: Vec<&LoggedRequest> = ws
+                .iter()
+                .filter(|r| r.path.starts_with(&pods_path))
+                .collect();
+            assert!(w.is_empty(), "pods written at start-up: {w:#?}");
+        }
+        let slice = self.slice();
+        if k8s_ok && !self.opts.newer.slice {
+            assert_eq!(slice["metadata"]["annotations"][EPOCH_ANNOTATION], "0");
+            assert_eq!(
+                slice["endpoints"],
+                json!([{
+                    "addresses": [self.servers[0].ip()],
+                    "conditions": {"ready": true, "serving": true, "terminating": false},
+                }])
+            );
+        } else {
+            let w: Vec<&LoggedRequest> = ws
+                .iter()
+                .filter(|r| r.path.starts_with(&slice_path))
+                .collect();
+            assert!(w.is_empty(), "the slice written at start-up: {w:#?}");
+        }
+        assert!(
+            ws.iter().all(|r| !r.path.ends_with("/web-0")),
+            "another app's pod was written: {ws:#?}"
+        );
+        for d in &self.daemons {
+            let text = std::fs::read_to_string(&d.file)
+                .unwrap_or_else(|e| panic!("{}: {e}", d.file.display()));
+            if self.opts.newer.files {
+                assert_eq!(text, newer_file(), "file of {}", d.id);
+                continue;
+            }
+            let mut doc: Value = serde_json::from_str(&text).unwrap();
+            assert_rfc3339_utc(doc["updated_at"].as_str().unwrap());
+            doc.as_object_mut().unwrap().remove("updated_at");
+            assert_eq!(
+                doc,
+                json!({
+                    "group": GROUP,
+                    "epoch": 0,
+                    "master": master.to_string(),
+                    "master_host": master.ip().to_string(),
+                    "master_port": master.port(),
+                    "replicas": replicas,
+                    "reporter": "observer",
+                }),
+                "start-up file of {}",
+                d.id
+            );
+        }
+        // Exec: one run per daemon; with no old master, `from` is the
+        // master itself and PICKET_OLD_MASTER is empty.
+        for d in &self.daemons {
+            let runs = exec_runs(&d.exec_dir);
+            assert_eq!(runs.len(), 1, "start-up runs of {}: {runs:?}", d.id);
+            let expected: Vec<String> = [
+                format!("arg={GROUP}"),
+                "arg=observer".into(),
+                "arg=start".into(),
+                format!("arg={}", master.ip()),
+                format!("arg={}", master.port()),
+                format!("arg={}", master.ip()),
+                format!("arg={}", master.port()),
+                format!("PICKET_GROUP={GROUP}"),
+                "PICKET_EPOCH=0".into(),
+                "PICKET_EVENT=publish".into(),
+                "PICKET_ROLE=observer".into(),
+                "PICKET_OLD_MASTER=".into(),
+                format!("PICKET_NEW_MASTER={master}"),
+                format!("PICKET_REPLICAS={}", replicas.join(",")),
+            ]
+            .into();
+            assert_eq!(runs[0].lines, expected, "start-up exec run of {}", d.id);
+        }
+        // Webhook: one publication per daemon, sent while the master
+        // reported role:master.
+        let got = self.webhook.received();
+        assert_eq!(got.len(), 3, "start-up webhook requests: {got:#?}");
+        for d in &self.daemons {
+            let from: Vec<&Received> = got.iter().filter(|r| r.daemon == d.id).collect();
+            assert_eq!(
+                from.len(),
+                1,
+                "start-up webhook requests from {}: {got:#?}",
+                d.id
+            );
+            let mut body = from[0].body.clone();
+            assert_rfc3339_utc(body["timestamp"].as_str().unwrap());
+            body.as_object_mut().unwrap().remove("timestamp");
+            assert_eq!(
+                body,
+                json!({"group": GROUP, "epoch": 0, "event": "publish", "reporter": "observer",
+                       "old_master": null, "master": master.to_string(),
+                       "replicas": replicas}),
+                "start-up webhook publication from {}",
+                d.id
+            );
+            if let Some(snap) = &from[0].servers {
+                let s = role_in(snap, master).unwrap();
+                assert_eq!(s.role.as_deref(), Some("master"), "{snap:?}");
+            }
+        }
+    }
+
+    /// The fake's requests after the start-up publication.
+    fn requests(&self) -> Vec<LoggedRequest> {
+        self.fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.id > self.mark.fake)
+            .collect()
+    }
+
+    /// The webhook requests after the start-up publication.
+    fn received(&self) -> Vec<Received> {
+        let mut all = self.webhook.received();
+        let skip = self.mark.webhook.min(all.len());
+        all.split_off(skip)
+    }
+
+    /// The runs of daemon `i`'s exec program after the start-up publication.
+    fn exec_runs(&self, i: usize) -> Vec<ExecRun> {
+        let mut runs = exec_runs(&self.daemons[i].exec_dir);
+        let skip = self.mark.exec.get(i).copied().unwrap_or(0).min(runs.len());
+        runs.split_off(skip)
     }
 
     fn addrs(&self) -> Vec<SocketAddr> {
@@ -959,7 +1262,13 @@ impl Write {
     }
 }
 
+/// The writes to the pods and the slice after the start-up publication.
 fn writes(env: &Env) -> Vec<Write> {
+    writes_since(env, env.mark.fake)
+}
+
+/// The writes to the pods and the slice after request `after` (0: all).
+fn writes_since(env: &Env, after: u64) -> Vec<Write> {
     let seen = env.seen.lock().unwrap().clone();
     let pods = format!("/api/v1/namespaces/{NS}/pods/");
     let slice = format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices");
@@ -967,6 +1276,7 @@ fn writes(env: &Env) -> Vec<Write> {
         .fake
         .writes()
         .into_iter()
+        .filter(|r| r.id > after)
         .filter_map(|r| {
             let pod = if let Some(name) = r.path.strip_prefix(&pods) {
                 Some(name.to_string())
@@ -1268,9 +1578,10 @@ fn failover_publishes_to_every_backend_in_gated_order() {
         );
     }
 
-    // Exec: one run per daemon, Sentinel's arguments and picket's variables.
+    // Exec: one run per daemon after its start-up run, Sentinel's
+    // arguments and picket's variables.
     for (i, d) in env.daemons.iter().enumerate() {
-        let runs = exec_runs(&d.exec_dir);
+        let runs = env.exec_runs(i);
         assert_eq!(runs.len(), 1, "runs of {}: {runs:?}", d.id);
         let expected: Vec<String> = [
             format!("arg={GROUP}"),
@@ -1292,9 +1603,10 @@ fn failover_publishes_to_every_backend_in_gated_order() {
         assert_eq!(runs[0].lines, expected, "exec run of {}", d.id);
     }
 
-    // Webhook: the leader's fence (while nothing was promoted), then one
-    // publication per daemon (after the promotion and the flush).
-    let got = env.webhook.received();
+    // Webhook (after the start-up publications): the leader's fence (while
+    // nothing was promoted), then one publication per daemon (after the
+    // promotion and the flush).
+    let got = env.received();
     let leader_id = env.daemons[c.leader].id.clone();
     let fences: Vec<&Received> = got.iter().filter(|r| r.body["event"] == "fence").collect();
     assert_eq!(fences.len(), 1, "{got:#?}");
@@ -1357,33 +1669,121 @@ fn failover_publishes_to_every_backend_in_gated_order() {
     }
 }
 
-/// A backend that holds a newer epoch than the failover's refuses both the
-/// fence and the publication; with best-effort backends the failover still
-/// completes, and nothing in the backends changes.
+/// Without any failover, every daemon publishes the current config once
+/// after it starts (epoch 0, the configured master, reporter `observer`),
+/// so that the Service selects the master from the start; a backend that
+/// already holds a newer epoch refuses that publication and is not written.
+#[test]
+fn startup_publication_labels_the_master_before_any_failover() {
+    let _s = serial();
+    {
+        let env = Env::start(Opts::default());
+        let master = env.servers[0].addr();
+        // Env::start waited for the publication and checked every backend;
+        // the essentials once more, explicitly.
+        assert_eq!(env.pod_label(0, "role").as_deref(), Some("master"));
+        assert_eq!(env.pod_label(1, "role").as_deref(), Some("replica"));
+        assert_eq!(env.pod_label(2, "role").as_deref(), Some("replica"));
+        // The pods were seeded without an epoch: this one is picket's.
+        for i in 0..3 {
+            assert_eq!(env.pod_epoch(i).as_deref(), Some("0"), "{}", pod(i));
+        }
+        assert!(env.k8s_published(0, 0), "{:#?}", env.fake.requests());
+        for d in &env.daemons {
+            let doc: Value =
+                serde_json::from_str(&std::fs::read_to_string(&d.file).unwrap()).unwrap();
+            assert_eq!(doc["epoch"], 0, "{}", d.id);
+            assert_eq!(doc["master"], master.to_string(), "{}", d.id);
+            assert_eq!(doc["reporter"], "observer", "{}", d.id);
+        }
+        // Every start-up write to the pods and the slice came while the
+        // master reported role:master; no failover took place.
+        let ws = writes_since(&env, 0);
+        assert!(ws.iter().any(|w| w.ok() && w.pod.is_some()), "{ws:#?}");
+        for w in &ws {
+            assert_eq!(w.epoch().as_deref(), Some("0"), "{w:?}");
+            if let Some(snap) = &w.servers {
+                let s = role_in(snap, master).unwrap();
+                assert_eq!(s.role.as_deref(), Some("master"), "{w:?}");
+            }
+            if w.ok() && w.role() == Some(Some("master".into())) {
+                assert_eq!(w.pod.as_deref(), Some(pod(0).as_str()), "{w:?}");
+            }
+            if let Some(a) = w.addresses() {
+                assert!(a.is_empty() || a == vec![env.servers[0].ip()], "{w:?}");
+            }
+        }
+        assert_eq!(env.poller.changes().len(), 0, "{:?}", env.poller.changes());
+        for g in env.groups() {
+            let g = g.unwrap();
+            assert_eq!(g["config_epoch"], 0, "{g:#}");
+            assert!(g["last_failover"].is_null(), "{g:#}");
+        }
+    }
+    // The slice and the files already hold a newer epoch: the start-up
+    // publication labels the pods but leaves the slice and the files alone.
+    let env = Env::start(Opts {
+        newer: Newer {
+            slice: true,
+            files: true,
+            ..Newer::default()
+        },
+        ..Opts::default()
+    });
+    assert!(!env.k8s_published(0, 0));
+    assert_eq!(env.pod_label(0, "role").as_deref(), Some("master"));
+    assert_eq!(env.pod_epoch(0).as_deref(), Some("0"));
+    let slice_path = format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices");
+    let slice_writes: Vec<LoggedRequest> = env
+        .fake
+        .writes()
+        .into_iter()
+        .filter(|r| r.path.starts_with(&slice_path))
+        .collect();
+    assert!(slice_writes.is_empty(), "{slice_writes:#?}");
+    assert_eq!(
+        env.slice()["metadata"]["annotations"][EPOCH_ANNOTATION],
+        NEWER_EPOCH.to_string()
+    );
+    for (d, g) in env.daemons.iter().zip(env.groups()) {
+        assert_eq!(std::fs::read_to_string(&d.file).unwrap(), newer_file());
+        let g = g.unwrap();
+        for b in g["discovery"].as_array().unwrap() {
+            if b["kind"] == "file" || b["name"] == "kubernetes:cache/endpointslice cache-picket" {
+                assert_eq!(b["last_result"], "stale", "{b}");
+                let err = b["last_error"].as_str().unwrap();
+                assert!(
+                    err.contains(&format!(
+                        "holds epoch {NEWER_EPOCH}, this write has epoch 0"
+                    )),
+                    "{err}"
+                );
+            }
+        }
+    }
+}
+
+/// A backend that holds a newer epoch than the failover's refuses the
+/// start-up publication, the fence and the failover's publication; with
+/// best-effort backends the failover still completes, and nothing in the
+/// backends changes.
 #[test]
 fn newer_epoch_in_best_effort_backends_refuses_every_write() {
     let _s = serial();
+    // As if a newer failover (epoch 1000) had been published by daemons we
+    // do not know about, before these daemons started: their start-up
+    // publication was refused too (Env::start checks that it wrote nothing).
     let mut env = Env::start(Opts {
         k8s_required: false,
         webhook_required: false,
+        newer: Newer {
+            pods: true,
+            slice: true,
+            files: true,
+        },
         ..Opts::default()
     });
-    // As if a newer failover (epoch 1000) had been published by daemons we
-    // do not know about.
-    for i in 0..3 {
-        env.fake
-            .set_annotation(FakeKind::Pod, NS, &pod(i), EPOCH_ANNOTATION, "1000");
-    }
-    env.fake
-        .set_annotation(FakeKind::EndpointSlice, NS, SLICE, EPOCH_ANNOTATION, "1000");
-    let newer =
-        json!({"group": GROUP, "epoch": 1000, "master": "127.0.0.1:1", "master_host": "127.0.0.1",
-                       "master_port": 1, "replicas": [], "reporter": "leader",
-                       "updated_at": "2030-01-01T00:00:00.000Z"})
-        .to_string();
-    for d in &env.daemons {
-        std::fs::write(&d.file, &newer).unwrap();
-    }
+    let newer = newer_file();
     let pods_before: Vec<Value> = (0..3)
         .map(|i| env.fake.object(FakeKind::Pod, NS, &pod(i)).unwrap())
         .collect();
@@ -1428,7 +1828,8 @@ fn newer_epoch_in_best_effort_backends_refuses_every_write() {
             }
         }
     }
-    // Nothing was written: no write request at all, objects and files unchanged.
+    // Nothing was written, neither at start-up nor in the failover: no
+    // write request at all, objects and files unchanged.
     let w = env.fake.writes();
     assert!(w.is_empty(), "writes despite a newer epoch: {w:#?}");
     for (i, before) in pods_before.iter().enumerate() {
@@ -1449,13 +1850,16 @@ fn newer_epoch_in_best_effort_backends_refuses_every_write() {
 
 /// A daemon frozen (SIGSTOP) through a whole failover still holds the old
 /// configuration (epoch 0, the dead master) when it resumes: it must adopt
-/// the newer one and never write its own older view anywhere.
+/// the newer one and never write its own older view over the newer one.
+/// It is frozen only after its start-up publication (epoch 0) landed, as a
+/// daemon that stalls in the middle of its life would be.
 #[test]
 fn a_daemon_resuming_with_an_older_epoch_does_not_overwrite_anything() {
     let _s = serial();
     let mut env = Env::start(Opts::default());
     let old = env.servers[0].addr();
     let frozen = 2;
+    let startup_file = std::fs::read_to_string(&env.daemons[frozen].file).unwrap();
     env.daemons[frozen].proc.sigstop();
     env.kill(0);
     // The two others fail over (2 of 3 is both the quorum and a majority).
@@ -1480,33 +1884,46 @@ fn a_daemon_resuming_with_an_older_epoch_does_not_overwrite_anything() {
     let master: SocketAddr = gs[0]["master"].as_str().unwrap().parse().unwrap();
     let new = env.index_of(master);
     assert!(env.k8s_published(new, epoch));
-    assert!(
-        !env.daemons[frozen].file.exists(),
-        "the frozen daemon wrote its file"
+    assert_eq!(
+        std::fs::read_to_string(&env.daemons[frozen].file).unwrap(),
+        startup_file,
+        "the frozen daemon's file changed while it was frozen"
     );
 
     let resumed = SystemTime::now();
+    let resumed_at_request = env.fake.requests().iter().map(|r| r.id).max().unwrap_or(0);
+    let resumed_at_hook = env.webhook.received().len();
     env.daemons[frozen].proc.sigcont();
     let c = env.wait_converged(0, FAILOVER_WAIT);
     assert_eq!((c.epoch, c.master), (epoch, master));
     assert_ne!(c.leader, frozen);
     let g = &c.statuses[frozen];
     assert_eq!(g["last_failover"]["outcome"], "observed", "{g:#}");
+    check_gated_k8s_writes(&env, 0, &c, true);
 
-    // Nothing was ever written with another epoch than the failover's, and
-    // the Kubernetes objects still show the new master.
+    // Since the start-up publication, nothing was written with another
+    // epoch than the failover's (in particular nothing at epoch 0 after
+    // the resume), and the Kubernetes objects still show the new master.
     let e = epoch.to_string();
     for w in writes(&env).iter().filter(|w| w.ok()) {
         assert_eq!(w.epoch().as_deref(), Some(e.as_str()), "{w:?}");
     }
+    assert!(
+        writes_since(&env, resumed_at_request)
+            .iter()
+            .all(|w| w.epoch().as_deref() == Some(e.as_str())),
+        "a write after the resume without the failover's epoch: {:#?}",
+        writes_since(&env, resumed_at_request)
+    );
     assert!(env.k8s_published(new, epoch));
-    // The resumed daemon published the newer configuration as an observer.
+    // The resumed daemon published the newer configuration as an observer,
+    // over its own start-up file.
     let d = &env.daemons[frozen];
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&d.file).unwrap()).unwrap();
     assert_eq!(doc["epoch"], epoch);
     assert_eq!(doc["master"], master.to_string());
     assert_eq!(doc["reporter"], "observer");
-    let runs = exec_runs(&d.exec_dir);
+    let runs = env.exec_runs(frozen);
     assert_eq!(runs.len(), 1, "{runs:?}");
     assert!(runs[0].at >= resumed);
     assert!(
@@ -1521,8 +1938,13 @@ fn a_daemon_resuming_with_an_older_epoch_does_not_overwrite_anything() {
         runs[0].lines.contains(&format!("PICKET_EPOCH={epoch}")),
         "{runs:?}"
     );
+    assert!(
+        runs[0]
+            .lines
+            .contains(&format!("PICKET_NEW_MASTER={master}")),
+        "{runs:?}"
+    );
     let from_frozen: Vec<Received> = env
-        .webhook
         .received()
         .into_iter()
         .filter(|r| r.daemon == d.id)
@@ -1530,16 +1952,42 @@ fn a_daemon_resuming_with_an_older_epoch_does_not_overwrite_anything() {
     assert_eq!(from_frozen.len(), 1, "{from_frozen:#?}");
     assert_eq!(from_frozen[0].body["epoch"], epoch);
     assert_eq!(from_frozen[0].body["reporter"], "observer");
+    assert_eq!(from_frozen[0].body["master"], master.to_string());
+    // Everything any daemon sent to the webhook after the resume carries
+    // the failover's epoch, and nothing ever named the old master as the
+    // master at a higher epoch than the start-up's.
+    let all = env.webhook.received();
+    for r in &all[resumed_at_hook.min(all.len())..] {
+        assert_eq!(r.body["epoch"], epoch, "after the resume: {r:#?}");
+    }
+    for r in all.iter().filter(|r| r.body["epoch"] != 0) {
+        assert_ne!(r.body["master"], old.to_string(), "{r:#?}");
+    }
+    for (i, d) in env.daemons.iter().enumerate() {
+        for run in exec_runs(&d.exec_dir) {
+            if !run.lines.contains(&"PICKET_EPOCH=0".to_string()) {
+                assert!(
+                    !run.lines.contains(&format!("PICKET_NEW_MASTER={old}")),
+                    "daemon {i} named the old master at a higher epoch: {run:?}"
+                );
+            }
+        }
+    }
 }
 
-/// A required backend that holds a newer epoch refuses the fence: the
-/// failover stands down before promoting anything.
+/// A required backend that holds a newer epoch refuses the start-up
+/// publication (Env::start checks that nothing was written to the slice)
+/// and the fence: the failover stands down before promoting anything.
 #[test]
 fn newer_epoch_in_a_required_backend_stops_the_failover_before_promotion() {
     let _s = serial();
-    let mut env = Env::start(Opts::default());
-    env.fake
-        .set_annotation(FakeKind::EndpointSlice, NS, SLICE, EPOCH_ANNOTATION, "1000");
+    let mut env = Env::start(Opts {
+        newer: Newer {
+            slice: true,
+            ..Newer::default()
+        },
+        ..Opts::default()
+    });
     let slice_before = env.slice();
     let since = SystemTime::now();
     env.kill(0);
@@ -1583,10 +2031,17 @@ fn newer_epoch_in_a_required_backend_stops_the_failover_before_promotion() {
         env.poller.changes()
     );
     assert_eq!(env.slice(), slice_before);
+    assert_eq!(
+        env.slice()["metadata"]["annotations"][EPOCH_ANNOTATION],
+        NEWER_EPOCH.to_string()
+    );
+    // Not at start-up, not in the failover.
     assert!(
-        writes(&env).iter().all(|w| w.pod.is_some() || !w.ok()),
+        writes_since(&env, 0)
+            .iter()
+            .all(|w| w.pod.is_some() || !w.ok()),
         "the slice was written: {:#?}",
-        writes(&env)
+        writes_since(&env, 0)
     );
 }
 
@@ -1594,6 +2049,8 @@ fn newer_epoch_in_a_required_backend_stops_the_failover_before_promotion() {
 /// and checks that it completed in gated order anyway.
 fn failover_through(arm: impl Fn(&FakeKube)) -> (Env, Converged) {
     let mut env = Env::start(Opts::default());
+    // Env::start waited for the start-up publication: the faults hit the
+    // failover's requests.
     arm(&env.fake);
     env.kill(0);
     let c = env.wait_converged(0, FAILOVER_WAIT);
@@ -1603,12 +2060,9 @@ fn failover_through(arm: impl Fn(&FakeKube)) -> (Env, Converged) {
     (env, c)
 }
 
+/// Requests answered `code` after the start-up publication.
 fn count_status(env: &Env, code: u16) -> usize {
-    env.fake
-        .requests()
-        .iter()
-        .filter(|r| r.status == code)
-        .count()
+    env.requests().iter().filter(|r| r.status == code).count()
 }
 
 #[test]
@@ -1689,7 +2143,7 @@ fn unauthorized_fence_aborts_with_a_clear_status_then_recovers() {
     }
     assert!(
         env.fake.requests().iter().all(|r| r.status == 401),
-        "only 401s so far"
+        "only 401s so far, the start-up publication's included"
     );
 
     // Rotate the token: the next attempt re-reads it after its first 401.
@@ -1772,7 +2226,11 @@ fn api_down_with_required_backends_blocks_the_promotion() {
         "{:?}",
         env.poller.changes()
     );
-    assert!(env.fake.requests().is_empty(), "the API was down");
+    assert!(
+        env.requests().is_empty(),
+        "the API was down: {:#?}",
+        env.requests()
+    );
     // The old master is still labelled: nothing could be fenced, and
     // nothing was promoted, so there is still at most one master.
     assert_eq!(env.pod_label(0, "role").as_deref(), Some("master"));
@@ -1822,8 +2280,9 @@ fn api_down_with_best_effort_backends_converges_when_it_returns() {
     let epoch = gs[0]["config_epoch"].as_u64().unwrap();
     let master: SocketAddr = gs[0]["master"].as_str().unwrap().parse().unwrap();
     let promoted = env.poller.became_master(master, killed).unwrap();
-    // Kubernetes still shows the old state and the backends keep retrying.
-    assert!(env.fake.requests().is_empty());
+    // Kubernetes still shows the old state (the start-up publication's)
+    // and the backends keep retrying.
+    assert!(env.requests().is_empty(), "{:#?}", env.requests());
     assert_eq!(env.pod_label(0, "role").as_deref(), Some("master"));
     // One attempt lasts the client's retry budget (10 s) against a closed port.
     env.wait_statuses(
