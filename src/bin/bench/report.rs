@@ -168,6 +168,14 @@ pub fn failover_figures(runs: &[FailoverRun]) -> Vec<Compared> {
             timeouts(Side::RedisSentinel)
         )),
     ));
+    let (p, s) = both(&|r| r.config_epochs.iter().flatten().max().map(|e| *e as f64));
+    out.push(compared(
+        "final config epoch (highest of the managers)",
+        "epoch",
+        &p,
+        &s,
+        Some("1 = one successful election".into()),
+    ));
     let count = |sd: Side, f: &dyn Fn(&FailoverRun) -> bool| {
         (
             runs.iter().filter(|r| r.side == sd && f(r)).count(),
@@ -383,4 +391,121 @@ mod tests {
         let c = compared("x", "ms", &[1.0], &[0.0], None);
         assert_eq!(c.ratio, None);
     }
+}
+
+/// One of the project's performance targets, checked on picket's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetCheck {
+    /// The target.
+    pub target: String,
+    /// Met.
+    pub met: bool,
+    /// The figures it was judged on.
+    pub measured: String,
+}
+
+/// Check picket's figures against the targets of DESIGN.md.
+pub fn check_targets(
+    failover: &[(u64, &[FailoverRun])],
+    switchover: &[SwitchoverRun],
+    cost: &[CostRow],
+) -> Vec<TargetCheck> {
+    let mut out = Vec::new();
+    for (da, runs) in failover {
+        let p: Vec<&FailoverRun> = runs.iter().filter(|r| r.side == Side::Picket).collect();
+        if p.is_empty() {
+            continue;
+        }
+        let u: Vec<f64> = p.iter().filter_map(|r| r.unavailable_ms).collect();
+        if let Some(st) = stat(&u) {
+            let limit = *da as f64 + 250.0;
+            out.push(TargetCheck {
+                target: format!("write unavailability <= down_after + 250 ms ({limit:.0} ms) at down_after {da} ms"),
+                met: st.max <= limit && u.len() == p.len(),
+                measured: format!(
+                    "median {:.0}, max {:.0} ms over {} runs ({} without a figure)",
+                    st.median,
+                    st.max,
+                    u.len(),
+                    p.len() - u.len()
+                ),
+            });
+        }
+        let d: Vec<f64> = p.iter().filter_map(|r| r.demotion_ms).collect();
+        let missing = p
+            .iter()
+            .filter(|r| r.failed_over && r.demotion_ms.is_none())
+            .count();
+        if let Some(st) = stat(&d) {
+            out.push(TargetCheck {
+                target: format!(
+                    "returning old master demoted within 1 s of answering (down_after {da} ms)"
+                ),
+                met: st.max <= 1000.0 && missing == 0,
+                measured: format!(
+                    "median {:.0}, max {:.0} ms; not demoted: {missing}",
+                    st.median, st.max
+                ),
+            });
+        }
+        let doubles = p.iter().filter(|r| r.double_failover).count();
+        out.push(TargetCheck {
+            target: format!("no double failover (down_after {da} ms)"),
+            met: doubles == 0,
+            measured: format!("{doubles} of {} runs", p.len()),
+        });
+    }
+    let sw: Vec<&SwitchoverRun> = switchover
+        .iter()
+        .filter(|r| r.side == Side::Picket)
+        .collect();
+    if !sw.is_empty() {
+        let lost: u64 = sw.iter().map(|r| r.acked_lost).sum();
+        let switched = sw.iter().filter(|r| r.switched).count();
+        out.push(TargetCheck {
+            target: "planned switchover loses no acknowledged write".into(),
+            met: lost == 0 && switched == sw.len(),
+            measured: format!("{lost} lost over {} runs ({switched} switched)", sw.len()),
+        });
+    }
+    let largest = cost.iter().map(|r| r.instances).max();
+    for r in cost
+        .iter()
+        .filter(|r| r.side == Side::Picket && Some(r.instances) == largest)
+    {
+        let s = cost.iter().find(|s| {
+            s.side == Side::RedisSentinel && s.instances == r.instances && s.targets == r.targets
+        });
+        let below = s.is_some_and(|s| r.cpu_pct < s.cpu_pct && r.rss_mib < s.rss_mib);
+        out.push(TargetCheck {
+            target: format!(
+                "{} instances: < 5% of one core, < 64 MiB RSS, below redis-sentinel (picket ping {} ms)",
+                r.instances, r.ping_period_ms
+            ),
+            met: r.cpu_pct < 5.0 && r.rss_max_mib < 64.0 && below,
+            measured: format!(
+                "picket {:.2}% / {:.1} MiB (max {:.1}); redis-sentinel {}",
+                r.cpu_pct,
+                r.rss_mib,
+                r.rss_max_mib,
+                s.map_or("-".into(), |s| format!("{:.2}% / {:.1} MiB", s.cpu_pct, s.rss_mib))
+            ),
+        });
+    }
+    out
+}
+
+/// The target checks as text.
+pub fn targets_table(checks: &[TargetCheck]) -> String {
+    let mut t = String::from("\nTargets (docs: DESIGN.md, Performance targets)\n");
+    for c in checks {
+        let _ = writeln!(
+            t,
+            "  [{}] {}\n        {}",
+            if c.met { "met" } else { "MISSED" },
+            c.target,
+            c.measured
+        );
+    }
+    t
 }
