@@ -21,6 +21,8 @@ pub struct PeerEntry {
     pub id: Option<String>,
     /// When it last answered anything.
     pub last_seen: Option<Instant>,
+    /// When its last hello arrived (the only proof of its current config).
+    pub last_hello: Option<Instant>,
     /// Its last hello.
     pub hello: Option<Hello>,
 }
@@ -42,6 +44,7 @@ impl PeerTable {
                         addr: a.clone(),
                         id: None,
                         last_seen: None,
+                        last_hello: None,
                         hello: None,
                     })
                     .collect(),
@@ -64,15 +67,47 @@ impl PeerTable {
         });
         match idx {
             Some(i) => {
-                let e = &mut g[i];
-                e.id = Some(hello.id.clone());
-                e.last_seen = Some(now);
-                e.hello = Some(hello.clone());
-                metrics::gauge!(m::PEER_UP, "peer" => e.addr.clone()).set(1.0);
+                Self::store(&mut g[i], hello, now);
                 true
             }
             None => false,
         }
+    }
+
+    /// Record the hello the peer at `idx` sent back in reply to ours: it is
+    /// that peer whatever address it announces (behind NAT or a proxy,
+    /// configured by another name, listening on 0.0.0.0 without
+    /// `announce`).
+    pub fn record_hello_at(&self, idx: usize, hello: &Hello, now: Instant) -> bool {
+        match self.lock().get_mut(idx) {
+            Some(e) => {
+                Self::store(e, hello, now);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Remember the id the peer at `idx` gave for itself (`SENTINEL
+    /// MYID`), so that its own hellos are recognised by id when the
+    /// address it announces is not the one configured here.
+    pub fn set_id(&self, idx: usize, id: String) {
+        if let Some(e) = self.lock().get_mut(idx) {
+            e.id = Some(id);
+        }
+    }
+
+    /// The id of the peer at `idx`, once known.
+    pub fn id_of(&self, idx: usize) -> Option<String> {
+        self.lock().get(idx).and_then(|e| e.id.clone())
+    }
+
+    fn store(e: &mut PeerEntry, hello: &Hello, now: Instant) {
+        e.id = Some(hello.id.clone());
+        e.last_seen = Some(now);
+        e.last_hello = Some(now);
+        e.hello = Some(hello.clone());
+        metrics::gauge!(m::PEER_UP, "peer" => e.addr.clone()).set(1.0);
     }
 
     /// Record that the peer at `idx` answered something.
@@ -103,6 +138,7 @@ impl PeerTable {
 #[derive(Debug)]
 pub struct Tilt {
     until: Mutex<Option<Instant>>,
+    entered: Mutex<Option<Instant>>,
     events: Events,
 }
 
@@ -111,6 +147,7 @@ impl Tilt {
     pub fn new(events: Events) -> Self {
         Tilt {
             until: Mutex::new(None),
+            entered: Mutex::new(None),
             events,
         }
     }
@@ -125,6 +162,7 @@ impl Tilt {
         let was = g.is_some_and(|u| now < u);
         *g = Some(now + period);
         if !was {
+            *self.entered.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
             metrics::counter!(m::TILTS).increment(1);
             metrics::gauge!(m::TILT).set(1.0);
             self.events.emit(
@@ -149,9 +187,14 @@ impl Tilt {
         }
     }
 
-    /// When TILT began (for INFO), if active.
+    /// When TILT ends (or ended).
     pub fn until(&self) -> Option<Instant> {
         *self.lock()
+    }
+
+    /// When the latest TILT began (INFO's `sentinel_tilt_since_seconds`).
+    pub fn since(&self) -> Option<Instant> {
+        *self.entered.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -270,6 +313,22 @@ impl Daemon {
         if hello.id == self.ctx.id || !self.ctx.peer_table.record_hello(hello, now) {
             return false;
         }
+        self.adopt_from_hello(hello);
+        true
+    }
+
+    /// Take in the hello the peer at `idx` replied with (see
+    /// [`PeerTable::record_hello_at`]).
+    pub fn apply_hello_reply(&self, idx: usize, hello: &Hello) -> bool {
+        let now = Instant::now();
+        if hello.id == self.ctx.id || !self.ctx.peer_table.record_hello_at(idx, hello, now) {
+            return false;
+        }
+        self.adopt_from_hello(hello);
+        true
+    }
+
+    fn adopt_from_hello(&self, hello: &Hello) {
         if let Err(e) = self.ctx.state.observe_epoch(hello.current_epoch) {
             tracing::warn!(error = %e, "cannot persist an observed epoch");
         }
@@ -284,7 +343,6 @@ impl Daemon {
                 });
             }
         }
-        true
     }
 }
 
@@ -298,14 +356,26 @@ pub async fn run_hello(daemon: Arc<Daemon>, cancel: tokio_util::sync::Cancellati
             _ = daemon.ctx.hello_now.notified() => {}
         }
         let hello = daemon.hello();
-        for link in &daemon.ctx.peers {
+        for (i, link) in daemon.ctx.peers.iter().enumerate() {
             let link = link.clone();
             let hello = hello.clone();
             let d = daemon.clone();
             tokio::spawn(async move {
+                // A peer that announces another address than the one
+                // configured here only recognises our hellos by id, and
+                // only after it has learnt ours the same way: ask each
+                // peer for its id until it is known, so that neither side
+                // waits for the other.
+                if d.ctx.peer_table.id_of(i).is_none()
+                    && let Ok(frame) = link.request(vec!["SENTINEL".into(), "MYID".into()]).await
+                    && let Some(id) = crate::resp::frame_text(&frame)
+                    && id != d.ctx.id
+                {
+                    d.ctx.peer_table.set_id(i, id);
+                }
                 match link.hello(&hello).await {
                     Ok(reply) => {
-                        d.apply_hello(&reply);
+                        d.apply_hello_reply(i, &reply);
                     }
                     Err(e) => tracing::debug!(peer = %link.addr(), error = %e, "hello failed"),
                 }
@@ -315,5 +385,45 @@ pub async fn run_hello(daemon: Arc<Daemon>, cancel: tokio_util::sync::Cancellati
             .ctx
             .peer_table
             .export_metrics(Instant::now(), Duration::from_secs(3));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(id: &str, addr: &str) -> Hello {
+        Hello {
+            id: id.into(),
+            addr: addr.into(),
+            current_epoch: 0,
+            groups: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn hellos_are_matched_by_address_then_by_learnt_id() {
+        let t = PeerTable::new(&["10.0.0.2:26379".into(), "proxy:7000".into()]);
+        let now = Instant::now();
+        assert!(t.record_hello(&hello("b", "10.0.0.2:26379"), now));
+        // Announced under another address than the configured one.
+        let c = hello("c", "10.0.0.3:26379");
+        assert!(!t.record_hello(&c, now));
+        t.set_id(1, "c".into());
+        assert!(t.record_hello(&c, now));
+        assert_eq!(t.snapshot()[1].hello.as_ref(), Some(&c));
+        // A stranger is still refused.
+        assert!(!t.record_hello(&hello("x", "10.0.0.9:26379"), now));
+    }
+
+    #[test]
+    fn a_reply_is_recorded_for_the_peer_it_came_from() {
+        let t = PeerTable::new(&["proxy:7000".into()]);
+        let now = Instant::now();
+        let c = hello("c", "0.0.0.0:26379");
+        assert!(t.record_hello_at(0, &c, now));
+        assert_eq!(t.id_of(0).as_deref(), Some("c"));
+        assert_eq!(t.snapshot()[0].last_seen, Some(now));
+        assert!(!t.record_hello_at(1, &c, now));
     }
 }

@@ -12,6 +12,8 @@
 //! - [`api`]: the Sentinel-compatible RESP API and its events.
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/v1/status`.
 //! - [`metrics`]: every metric name in one place.
+//! - [`reload`]: SIGHUP re-reads the configuration.
+//! - [`service`]: systemd's notify protocol and watchdog.
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
 #![warn(missing_docs)]
@@ -29,7 +31,9 @@ pub mod http;
 pub mod metrics;
 pub mod probe;
 pub mod quorum;
+pub mod reload;
 pub mod resp;
+pub mod service;
 pub mod status_table;
 pub mod tls;
 

@@ -42,6 +42,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Exit 0 when the daemon's /healthz answers (container health checks).
+    Health {
+        /// HTTP address of the daemon (its `http_listen`).
+        #[arg(long, default_value = "127.0.0.1:9479")]
+        addr: String,
+    },
     /// Planned switchover of a group to a replica (the best one by default).
     Failover {
         /// The group.
@@ -96,6 +102,7 @@ async fn shutdown_signal(token: CancellationToken) {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
+    picket::service::notify_stopping();
     token.cancel();
 }
 
@@ -107,6 +114,8 @@ async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
     init_logging(cfg.daemon.log_format);
     let shutdown = CancellationToken::new();
     let running = picket::start(cfg).await.context("cannot start")?;
+    picket::reload::spawn_sighup_handler(&running, path);
+    picket::service::started(&running);
     tokio::spawn(shutdown_signal(shutdown.clone()));
     running.wait(shutdown).await;
     Ok(ExitCode::SUCCESS)
@@ -183,6 +192,15 @@ async fn main() -> ExitCode {
             Err(code) => Ok(code),
         },
         Command::Status { addr, json } => status(&addr, json).await,
+        Command::Health { addr } => {
+            match picket::service::check_health(&addr, std::time::Duration::from_secs(3)).await {
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(e) => {
+                    eprintln!("picket: {e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
         Command::Failover {
             group,
             to,

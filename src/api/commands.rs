@@ -1,57 +1,162 @@
-//! Command dispatch of the RESP listener.
+//! Command dispatch of the RESP listener: the connection commands (`PING`,
+//! `AUTH`, `HELLO`, `CLIENT`, `COMMAND`, `ROLE`, `INFO`, pub/sub) and the
+//! peer protocol (`PICKET ...`). `SENTINEL` lives in [`super::sentinel`].
+
+use std::sync::Arc;
 
 use bytes::Bytes;
+use tokio::time::Instant;
 
-use super::{Conn, Reply};
+use super::{Api, Conn, Reply};
 use crate::addr::Addr;
 use crate::daemon::Daemon;
 use crate::group::GroupMsg;
 use crate::quorum::peers::{Hello, IsDownQuery};
 
-fn text(b: &Bytes) -> String {
+/// The Redis version picket reports (`HELLO`, `INFO server`): the command
+/// surface it copies is Redis Sentinel 7.2's.
+pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
+
+pub(crate) fn text(b: &Bytes) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn arity(cmd: &str) -> Reply {
+/// `ERR wrong number of arguments for '<cmd>' command` (`cmd` lower case,
+/// `sentinel|master` style for subcommands).
+pub fn arity(cmd: &str) -> Reply {
     Reply::err(format!(
         "ERR wrong number of arguments for '{}' command",
         cmd.to_lowercase()
     ))
 }
 
-/// Run one command.
-pub async fn dispatch(d: &Daemon, conn: &mut Conn, args: Vec<Bytes>) -> Reply {
+/// `ERR unknown subcommand '<sub>'. Try <CMD> HELP.`
+pub fn unknown_sub(cmd: &str, sub: &str) -> Reply {
+    Reply::err(format!(
+        "ERR unknown subcommand '{}'. Try {} HELP.",
+        clip(sub),
+        cmd.to_uppercase()
+    ))
+}
+
+/// Cap what is echoed back from the client in an error.
+fn clip(s: &str) -> String {
+    let mut out: String = s.chars().take(128).collect();
+    if out.len() < s.len() {
+        out.push_str("...");
+    }
+    out
+}
+
+fn unknown_command(name: &str, rest: &[String]) -> Reply {
+    Reply::err(format!(
+        "ERR unknown command '{}', with args beginning with: {}",
+        clip(name),
+        rest.iter()
+            .take(3)
+            .map(|a| format!("'{}' ", clip(a)))
+            .collect::<String>()
+    ))
+}
+
+/// Commands allowed in RESP2 while subscribed.
+fn allowed_while_subscribed(cmd: &str) -> bool {
+    matches!(
+        cmd,
+        "SUBSCRIBE" | "PSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "PING" | "QUIT" | "RESET"
+    )
+}
+
+/// Run one command. Returns the reply and the command's name for
+/// `CLIENT LIST` (`sentinel|masters` style).
+pub async fn dispatch(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Reply, String) {
+    let d = &api.daemon;
     let cmd = text(&args[0]).to_uppercase();
     let rest: Vec<String> = args[1..].iter().map(text).collect();
-    if !conn.authed && !matches!(cmd.as_str(), "AUTH" | "HELLO" | "QUIT") {
-        return Reply::err("NOAUTH Authentication required.");
+    let mut name = cmd.to_lowercase();
+    if super::info::is_container(&cmd)
+        && let Some(sub) = rest.first()
+    {
+        name = format!("{name}|{}", clip(&sub.to_lowercase()));
     }
-    match cmd.as_str() {
-        "PING" => match rest.len() {
-            0 => Reply::Simple("PONG".into()),
-            1 => Reply::bulk(&rest[0]),
-            _ => arity("ping"),
-        },
+    if !conn.authed && !matches!(cmd.as_str(), "AUTH" | "HELLO" | "QUIT") {
+        return (Reply::err("NOAUTH Authentication required."), name);
+    }
+    if !conn.resp3 && conn.subs.count() > 0 && !allowed_while_subscribed(&cmd) {
+        return (
+            Reply::err(format!(
+                "ERR Can't execute '{name}': only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET are allowed in this context"
+            )),
+            name,
+        );
+    }
+    let reply = match cmd.as_str() {
+        "PING" => ping(conn, &rest),
         "AUTH" => auth(d, conn, &rest),
         "QUIT" => {
             conn.quit = true;
             Reply::ok()
         }
+        "RESET" => {
+            conn.subs.clear();
+            conn.sync_events(d);
+            conn.resp3 = false;
+            conn.name = None;
+            conn.authed = d.ctx.password.is_none();
+            Reply::Simple("RESET".into())
+        }
         "HELLO" => hello(d, conn, &rest),
-        "PICKET" => picket(d, &rest).await,
-        "SENTINEL" => sentinel(d, &rest).await,
+        "CLIENT" => client(api, conn, &rest),
+        "COMMAND" => super::info::command(&rest),
+        "INFO" => Reply::bulk(super::info::info(api, &rest)),
         "ROLE" => {
             let names = d.views().iter().map(|v| Reply::bulk(&v.name)).collect();
             Reply::Array(vec![Reply::bulk("sentinel"), Reply::Array(names)])
         }
-        _ => Reply::err(format!(
-            "ERR unknown command '{}', with args beginning with: {}",
-            text(&args[0]),
-            rest.iter()
-                .take(3)
-                .map(|a| format!("'{a}' "))
-                .collect::<String>()
-        )),
+        "SUBSCRIBE" | "PSUBSCRIBE" => {
+            if rest.is_empty() {
+                arity(&cmd)
+            } else {
+                let r = if cmd == "SUBSCRIBE" {
+                    conn.subs.subscribe(&rest)
+                } else {
+                    conn.subs.psubscribe(&rest)
+                };
+                conn.sync_events(d);
+                r
+            }
+        }
+        "UNSUBSCRIBE" => {
+            let r = conn.subs.unsubscribe(&rest);
+            conn.sync_events(d);
+            r
+        }
+        "PUNSUBSCRIBE" => {
+            let r = conn.subs.punsubscribe(&rest);
+            conn.sync_events(d);
+            r
+        }
+        "PICKET" => picket(d, &rest).await,
+        "SENTINEL" => super::sentinel::sentinel(d, &rest).await,
+        _ => unknown_command(&text(&args[0]), &rest),
+    };
+    (reply, name)
+}
+
+fn ping(conn: &Conn, rest: &[String]) -> Reply {
+    if rest.len() > 1 {
+        return arity("ping");
+    }
+    if !conn.resp3 && conn.subs.count() > 0 {
+        // RESP2 subscribed mode answers in the shape of a message.
+        return Reply::Array(vec![
+            Reply::bulk("pong"),
+            Reply::bulk(rest.first().map_or("", String::as_str)),
+        ]);
+    }
+    match rest.first() {
+        None => Reply::Simple("PONG".into()),
+        Some(m) => Reply::bulk(m),
     }
 }
 
@@ -96,24 +201,34 @@ fn hello(d: &Daemon, conn: &mut Conn, rest: &[String]) -> Reply {
         match v.parse::<i64>() {
             Ok(2) => proto = 2,
             Ok(3) => proto = 3,
-            _ => return Reply::err("NOPROTO unsupported protocol version"),
+            Ok(_) => return Reply::err("NOPROTO unsupported protocol version"),
+            Err(_) => return Reply::err("ERR Protocol version is not an integer or out of range"),
         }
         i = 1;
     }
+    let mut setname = None;
     while i < rest.len() {
         match rest[i].to_uppercase().as_str() {
             "AUTH" if i + 2 < rest.len() => {
                 let r = auth(d, conn, &rest[i + 1..i + 3]);
-                if matches!(r, Reply::Error(_)) {
+                if r.is_error() {
                     return r;
                 }
                 i += 3;
             }
             "SETNAME" if i + 1 < rest.len() => {
-                conn.name = Some(rest[i + 1].clone());
+                if let Err(e) = valid_name(&rest[i + 1]) {
+                    return e;
+                }
+                setname = Some(rest[i + 1].clone());
                 i += 2;
             }
-            _ => return Reply::err(format!("ERR Syntax error in HELLO option '{}'", rest[i])),
+            _ => {
+                return Reply::err(format!(
+                    "ERR Syntax error in HELLO option '{}'",
+                    clip(&rest[i])
+                ));
+            }
         }
     }
     if !conn.authed {
@@ -121,15 +236,260 @@ fn hello(d: &Daemon, conn: &mut Conn, rest: &[String]) -> Reply {
             "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
         );
     }
+    if let Some(n) = setname {
+        conn.name = (!n.is_empty()).then_some(n);
+    }
     conn.resp3 = proto == 3;
     Reply::map_str(vec![
         ("server", Reply::bulk("redis")),
-        ("version", Reply::bulk("7.0.0")),
+        ("version", Reply::bulk(REDIS_COMPAT_VERSION)),
         ("proto", Reply::Int(proto)),
         ("id", Reply::Int(i64::try_from(conn.id).unwrap_or(i64::MAX))),
         ("mode", Reply::bulk("sentinel")),
         ("modules", Reply::Array(vec![])),
     ])
+}
+
+/// Redis's rule for client names and library names: printable ASCII
+/// without spaces.
+fn valid_name(name: &str) -> Result<(), Reply> {
+    if name.bytes().all(|b| (b'!'..=b'~').contains(&b)) {
+        Ok(())
+    } else {
+        Err(Reply::err(
+            "ERR Client names cannot contain spaces, newlines or special characters.",
+        ))
+    }
+}
+
+const CLIENT_HELP: &[&str] = &[
+    "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "GETNAME",
+    "    Return the name of the current connection.",
+    "ID",
+    "    Return the ID of the current connection.",
+    "INFO",
+    "    Return information about the current client connection.",
+    "KILL <ip:port>",
+    "    Kill connection made from <ip:port>.",
+    "KILL <option> <value> [<option> <value> [...]]",
+    "    Kill connections. Options are:",
+    "    * ADDR (<ip:port>|<unixsocket>:0)",
+    "      Kill connections made from the specified address",
+    "    * LADDR (<ip:port>|<unixsocket>:0)",
+    "      Kill connections made to specified local address",
+    "    * ID <client-id>",
+    "      Kill connections by client id.",
+    "    * TYPE (NORMAL|PUBSUB)",
+    "      Kill connections by type.",
+    "    * USER <username>",
+    "      Kill connections authenticated by <username>.",
+    "    * SKIPME (YES|NO)",
+    "      Skip killing current connection (default: yes).",
+    "LIST [options ...]",
+    "    Return information about client connections. Options:",
+    "    * TYPE (NORMAL|PUBSUB)",
+    "      Return clients of specified type.",
+    "    * ID <client-id> [<client-id> ...]",
+    "      Return clients with the given ids.",
+    "SETNAME <name>",
+    "    Assign the name <name> to the current connection.",
+    "SETINFO <option> <value>",
+    "    Set client meta attr. Options are:",
+    "    * LIB-NAME: the client lib name.",
+    "    * LIB-VER: the client lib version.",
+    "HELP",
+    "    Prints this help.",
+];
+
+/// `HELP` lines as a reply.
+pub fn help(lines: &[&str]) -> Reply {
+    Reply::Array(lines.iter().map(|l| Reply::Simple((*l).into())).collect())
+}
+
+fn client(api: &Api, conn: &mut Conn, rest: &[String]) -> Reply {
+    let Some(sub) = rest.first() else {
+        return arity("client");
+    };
+    let now = Instant::now();
+    match sub.to_uppercase().as_str() {
+        "SETNAME" => {
+            let [_, name] = rest else {
+                return arity("client|setname");
+            };
+            if let Err(e) = valid_name(name) {
+                return e;
+            }
+            conn.name = (!name.is_empty()).then(|| name.clone());
+            Reply::ok()
+        }
+        "GETNAME" => match (&conn.name, rest.len()) {
+            (_, n) if n != 1 => arity("client|getname"),
+            (Some(n), _) => Reply::bulk(n),
+            (None, _) => Reply::Null,
+        },
+        "ID" if rest.len() == 1 => Reply::Int(i64::try_from(conn.id).unwrap_or(i64::MAX)),
+        "ID" => arity("client|id"),
+        "SETINFO" => {
+            let [_, attr, value] = rest else {
+                return arity("client|setinfo");
+            };
+            let attr = attr.to_uppercase();
+            if !matches!(attr.as_str(), "LIB-NAME" | "LIB-VER") {
+                return Reply::err(format!("ERR Unrecognized option '{}'", clip(&rest[1])));
+            }
+            if value.len() > 128 || valid_name(value).is_err() {
+                return Reply::err(format!(
+                    "ERR {} cannot contain spaces, newlines or special characters.",
+                    attr.to_lowercase()
+                ));
+            }
+            if attr == "LIB-NAME" {
+                conn.lib.0.clone_from(value);
+            } else {
+                conn.lib.1.clone_from(value);
+            }
+            Reply::ok()
+        }
+        "INFO" if rest.len() == 1 => {
+            conn.publish_state("client|info");
+            Reply::Verbatim(format!("{}\n", conn.entry.line(now)))
+        }
+        "INFO" => arity("client|info"),
+        "LIST" => client_list(api, conn, &rest[1..], now),
+        "KILL" => client_kill(api, conn, &rest[1..]),
+        "HELP" => help(CLIENT_HELP),
+        _ => unknown_sub("client", sub),
+    }
+}
+
+fn client_list(api: &Api, conn: &Conn, opts: &[String], now: Instant) -> Reply {
+    conn.publish_state("client|list");
+    let mut ids: Option<Vec<u64>> = None;
+    let mut kind: Option<String> = None;
+    let mut i = 0;
+    while i < opts.len() {
+        match opts[i].to_uppercase().as_str() {
+            "TYPE" if i + 1 < opts.len() => {
+                let t = opts[i + 1].to_lowercase();
+                if !matches!(
+                    t.as_str(),
+                    "normal" | "pubsub" | "master" | "replica" | "slave"
+                ) {
+                    return Reply::err(format!("ERR Unknown client type '{}'", clip(&opts[i + 1])));
+                }
+                kind = Some(t);
+                i += 2;
+            }
+            "ID" if i + 1 < opts.len() => {
+                let mut v = Vec::new();
+                for s in &opts[i + 1..] {
+                    match s.parse::<u64>() {
+                        Ok(id) if id > 0 => v.push(id),
+                        _ => return Reply::err("ERR Invalid client ID"),
+                    }
+                }
+                ids = Some(v);
+                i = opts.len();
+            }
+            _ => return Reply::err("ERR syntax error"),
+        }
+    }
+    let mut out = String::new();
+    for c in api.client_list() {
+        if ids.as_ref().is_some_and(|ids| !ids.contains(&c.id)) {
+            continue;
+        }
+        if let Some(k) = &kind {
+            let s = c.snapshot();
+            let pubsub = s.sub + s.psub > 0;
+            let matches = match k.as_str() {
+                "normal" => !pubsub,
+                "pubsub" => pubsub,
+                _ => false,
+            };
+            if !matches {
+                continue;
+            }
+        }
+        out.push_str(&c.line(now));
+        out.push('\n');
+    }
+    Reply::Verbatim(out)
+}
+
+fn client_kill(api: &Api, conn: &Conn, opts: &[String]) -> Reply {
+    let clients = api.client_list();
+    if let [addr] = opts {
+        // The old form: one address, an error when nobody matches.
+        return match clients.iter().find(|c| &c.addr == addr) {
+            Some(c) => {
+                c.kill.cancel();
+                Reply::ok()
+            }
+            None => Reply::err("ERR No such client"),
+        };
+    }
+    if opts.is_empty() || !opts.len().is_multiple_of(2) {
+        return Reply::err("ERR syntax error");
+    }
+    let mut id = None;
+    let mut addr = None;
+    let mut laddr = None;
+    let mut kind = None;
+    let mut skipme = true;
+    for pair in opts.chunks(2) {
+        let v = &pair[1];
+        match pair[0].to_uppercase().as_str() {
+            "ID" => match v.parse::<u64>() {
+                Ok(i) if i > 0 => id = Some(i),
+                _ => return Reply::err("ERR client-id should be greater than 0"),
+            },
+            "ADDR" => addr = Some(v.clone()),
+            "LADDR" => laddr = Some(v.clone()),
+            "TYPE" => {
+                let t = v.to_lowercase();
+                if !matches!(
+                    t.as_str(),
+                    "normal" | "pubsub" | "master" | "replica" | "slave"
+                ) {
+                    return Reply::err(format!("ERR Unknown client type '{}'", clip(v)));
+                }
+                kind = Some(t);
+            }
+            "USER" => {
+                if v != "default" {
+                    return Reply::err(format!("ERR No such user '{}'", clip(v)));
+                }
+            }
+            "SKIPME" => match v.to_lowercase().as_str() {
+                "yes" => skipme = true,
+                "no" => skipme = false,
+                _ => return Reply::err("ERR syntax error"),
+            },
+            _ => return Reply::err("ERR syntax error"),
+        }
+    }
+    let mut killed = 0;
+    for c in clients {
+        if (skipme && c.id == conn.id)
+            || id.is_some_and(|i| i != c.id)
+            || addr.as_ref().is_some_and(|a| a != &c.addr)
+            || laddr.as_ref().is_some_and(|a| a != &c.laddr)
+        {
+            continue;
+        }
+        if let Some(k) = &kind {
+            let s = c.snapshot();
+            let pubsub = s.sub + s.psub > 0;
+            if !((k == "normal" && !pubsub) || (k == "pubsub" && pubsub)) {
+                continue;
+            }
+        }
+        c.kill.cancel();
+        killed += 1;
+    }
+    Reply::Int(killed)
 }
 
 async fn picket(d: &Daemon, rest: &[String]) -> Reply {
@@ -145,26 +505,7 @@ async fn picket(d: &Daemon, rest: &[String]) -> Reply {
             let Some(h) = d.group(&q.group) else {
                 return Reply::err(format!("ERR No such master with that name: {}", q.group));
             };
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            if h.tx
-                .send(GroupMsg::IsDown {
-                    query: q,
-                    reply: tx,
-                })
-                .await
-                .is_err()
-            {
-                return Reply::err("ERR group task stopped");
-            }
-            match rx.await {
-                Ok(Ok(r)) => Reply::Array(vec![
-                    Reply::Int(i64::from(r.down)),
-                    Reply::bulk(r.leader.unwrap_or_else(|| "*".into())),
-                    Reply::Int(i64::try_from(r.leader_epoch).unwrap_or(i64::MAX)),
-                ]),
-                Ok(Err(e)) => Reply::err(e),
-                Err(_) => Reply::err("ERR group task stopped"),
-            }
+            is_down(&h, q).await
         }
         "HELLO" => {
             let [_, json] = rest else {
@@ -193,11 +534,61 @@ async fn picket(d: &Daemon, rest: &[String]) -> Reply {
             },
             _ => arity("picket|failover"),
         },
-        _ => Reply::err(format!("ERR unknown subcommand '{sub}'. Try PICKET HELP.")),
+        "SIMULATE-FAILURE" => {
+            // Crash tests only: make this daemon exit(99) at the worst
+            // moments of a failover it leads (Sentinel's SIMULATE-FAILURE).
+            let [_, mode] = rest else {
+                return arity("picket|simulate-failure");
+            };
+            let flags = match mode.to_lowercase().as_str() {
+                "crash-after-election" => crate::daemon::CRASH_AFTER_ELECTION,
+                "crash-after-promotion" => crate::daemon::CRASH_AFTER_PROMOTION,
+                "none" => 0,
+                _ => {
+                    return Reply::err(format!(
+                        "ERR unknown failure mode '{}' (crash-after-election, crash-after-promotion or none)",
+                        clip(mode)
+                    ));
+                }
+            };
+            d.ctx
+                .simulate_failure
+                .store(flags, std::sync::atomic::Ordering::SeqCst);
+            tracing::warn!(mode = %mode, "simulated failure mode set");
+            Reply::ok()
+        }
+        _ => Reply::err(format!(
+            "ERR unknown subcommand '{}'. Try PICKET HELP.",
+            clip(sub)
+        )),
     }
 }
 
-async fn switchover(d: &Daemon, group: &str, to: Option<Addr>) -> Reply {
+/// Ask a group task whether its master is down (and maybe for a vote):
+/// `[down, leader or "*", leader epoch]`.
+pub async fn is_down(h: &crate::group::GroupHandle, query: IsDownQuery) -> Reply {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if h.tx
+        .send(GroupMsg::IsDown { query, reply: tx })
+        .await
+        .is_err()
+    {
+        return Reply::err("ERR group task stopped");
+    }
+    match rx.await {
+        Ok(Ok(r)) => Reply::Array(vec![
+            Reply::Int(i64::from(r.down)),
+            Reply::bulk(r.leader.unwrap_or_else(|| "*".into())),
+            Reply::Int(i64::try_from(r.leader_epoch).unwrap_or(i64::MAX)),
+        ]),
+        Ok(Err(e)) => Reply::err(e),
+        Err(_) => Reply::err("ERR group task stopped"),
+    }
+}
+
+/// Start a planned switchover of `group` (`PICKET FAILOVER`,
+/// `SENTINEL FAILOVER`).
+pub async fn switchover(d: &Daemon, group: &str, to: Option<Addr>) -> Reply {
     let Some(h) = d.group(group) else {
         return Reply::err("ERR No such master with that name");
     };
@@ -213,81 +604,5 @@ async fn switchover(d: &Daemon, group: &str, to: Option<Addr>) -> Reply {
         Ok(Ok(())) => Reply::ok(),
         Ok(Err(e)) => Reply::err(e),
         Err(_) => Reply::err("ERR group task stopped"),
-    }
-}
-
-async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
-    let Some(sub) = rest.first() else {
-        return arity("sentinel");
-    };
-    match sub.to_uppercase().as_str() {
-        "GET-MASTER-ADDR-BY-NAME" | "GET-PRIMARY-ADDR-BY-NAME" => {
-            let [_, name] = rest else {
-                return arity("sentinel|get-master-addr-by-name");
-            };
-            match d.group(name) {
-                Some(h) => {
-                    let v = h.view.borrow().clone();
-                    Reply::Array(vec![
-                        Reply::bulk(&v.master.host),
-                        Reply::bulk(v.master.port.to_string()),
-                    ])
-                }
-                None => Reply::NullArray,
-            }
-        }
-        "MYID" => Reply::bulk(&d.ctx.id),
-        "FAILOVER" => {
-            let [_, name] = rest else {
-                return arity("sentinel|failover");
-            };
-            switchover(d, name, None).await
-        }
-        "RESET" => {
-            let [_, pattern] = rest else {
-                return arity("sentinel|reset");
-            };
-            let mut n = 0;
-            for v in d.views() {
-                if glob_match(pattern, &v.name)
-                    && let Some(h) = d.group(&v.name)
-                {
-                    let _ = h.tx.send(GroupMsg::Reset).await;
-                    n += 1;
-                }
-            }
-            Reply::Int(n)
-        }
-        _ => Reply::err(format!(
-            "ERR unknown subcommand '{sub}'. Try SENTINEL HELP."
-        )),
-    }
-}
-
-/// Redis-style glob (`*`, `?`, `[...]` not supported beyond literal).
-pub fn glob_match(pattern: &str, s: &str) -> bool {
-    fn rec(p: &[u8], s: &[u8]) -> bool {
-        match (p.first(), s.first()) {
-            (None, None) => true,
-            (Some(b'*'), _) => rec(&p[1..], s) || (!s.is_empty() && rec(p, &s[1..])),
-            (Some(b'?'), Some(_)) => rec(&p[1..], &s[1..]),
-            (Some(a), Some(b)) if a == b => rec(&p[1..], &s[1..]),
-            _ => false,
-        }
-    }
-    rec(pattern.as_bytes(), s.as_bytes())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn glob() {
-        assert!(glob_match("*", "cache"));
-        assert!(glob_match("ca*", "cache"));
-        assert!(glob_match("c?che", "cache"));
-        assert!(!glob_match("x*", "cache"));
-        assert!(glob_match("cache", "cache"));
     }
 }

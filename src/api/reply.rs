@@ -27,8 +27,12 @@ pub enum Reply {
     Map(Vec<(Reply, Reply)>),
     /// Out-of-band data (pub/sub messages): RESP3 `>n`; RESP2 an array.
     Push(Vec<Reply>),
-    /// Text (INFO): RESP3 verbatim `=n\r\ntxt:`; RESP2 a bulk string.
+    /// Text (`CLIENT LIST`): RESP3 verbatim `=n\r\ntxt:`; RESP2 a bulk string.
     Verbatim(String),
+    /// A set (`COMMAND` flags): RESP3 `~n`; RESP2 an array.
+    Set(Vec<Reply>),
+    /// Several replies in a row, one per argument (`SUBSCRIBE a b`).
+    Many(Vec<Reply>),
 }
 
 impl Reply {
@@ -55,6 +59,24 @@ impl Reply {
                 .map(|(k, v)| (Reply::bulk(k), v))
                 .collect(),
         )
+    }
+
+    /// A bulk string holding a number (Sentinel's instance maps send every
+    /// number this way).
+    pub fn num(n: impl std::fmt::Display) -> Reply {
+        Reply::bulk(n.to_string())
+    }
+
+    /// Whether this is an error reply.
+    pub fn is_error(&self) -> bool {
+        matches!(self, Reply::Error(_))
+    }
+
+    /// The encoded form.
+    pub fn to_bytes(&self, resp3: bool) -> bytes::Bytes {
+        let mut b = BytesMut::new();
+        self.encode(&mut b, resp3);
+        b.freeze()
     }
 
     /// Encode into `buf`.
@@ -84,6 +106,18 @@ impl Reply {
             Reply::NullArray => buf.put_slice(b"*-1\r\n"),
             Reply::Array(items) => {
                 buf.put_u8(b'*');
+                put_line(buf, items.len().to_string().as_bytes());
+                for i in items {
+                    i.encode(buf, resp3);
+                }
+            }
+            Reply::Many(items) => {
+                for i in items {
+                    i.encode(buf, resp3);
+                }
+            }
+            Reply::Set(items) => {
+                buf.put_u8(if resp3 { b'~' } else { b'*' });
                 put_line(buf, items.len().to_string().as_bytes());
                 for i in items {
                     i.encode(buf, resp3);
@@ -160,5 +194,13 @@ mod tests {
         assert_eq!(enc(&p, true), b">1\r\n$7\r\nmessage\r\n");
         assert_eq!(enc(&Reply::Verbatim("a".into()), true), b"=5\r\ntxt:a\r\n");
         assert_eq!(enc(&Reply::err("ERR x\r\ny"), false), b"-ERR x  y\r\n");
+        let set = Reply::Set(vec![Reply::Simple("fast".into())]);
+        assert_eq!(enc(&set, false), b"*1\r\n+fast\r\n");
+        assert_eq!(enc(&set, true), b"~1\r\n+fast\r\n");
+        let many = Reply::Many(vec![Reply::Int(1), Reply::Int(2)]);
+        assert_eq!(enc(&many, false), b":1\r\n:2\r\n");
+        assert_eq!(enc(&Reply::Null, false), b"$-1\r\n");
+        assert_eq!(enc(&Reply::Null, true), b"_\r\n");
+        assert_eq!(enc(&Reply::num(7), true), b"$1\r\n7\r\n");
     }
 }

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::machine::PromoteError;
 use crate::addr::Addr;
 use crate::probe::info::{self, Flavour, InfoSnapshot, Role};
-use crate::resp::{ClientOptions, Connection, RespError, ServerError, frame_int};
+use crate::resp::{ClientOptions, Connection, RespError, ServerError, frame_int, frame_text};
 
 /// How to reach instances for administrative commands.
 #[derive(Debug, Clone)]
@@ -92,30 +92,33 @@ impl InstanceOps {
             }
             result?;
         } else {
-            c.call(["MULTI"]).await.map_err(perr)?;
-            c.call(["REPLICAOF", "NO", "ONE"]).await.map_err(perr)?;
-            // Inside MULTI a refused command (renamed, ACL) answers an error
-            // right away and EXEC then aborts the whole transaction: the
-            // replica is not even promoted.
-            if let Err(e) = c.call(["FLUSHALL"]).await {
-                let _ = c.call(["DISCARD"]).await;
-                return Err(PromoteError::Flush(format!("{addr}: FLUSHALL: {e}")));
-            }
-            match c.call(["EXEC"]).await {
-                Ok(redis_protocol::resp2::types::BytesFrame::Array(replies)) => {
-                    for r in replies {
-                        if let redis_protocol::resp2::types::BytesFrame::Error(m) = r {
-                            return Err(PromoteError::Flush(format!("{addr}: {m}")));
-                        }
-                    }
+            // A read-only replica refuses FLUSHALL as soon as it is queued in
+            // MULTI (before REPLICAOF NO ONE has run), which would make every
+            // flush fail: let it accept writes for the few milliseconds of
+            // the transaction. A write landing in that window is flushed by
+            // the same EXEC.
+            let read_only = match c.call(["CONFIG", "GET", "replica-read-only"]).await {
+                Ok(redis_protocol::resp2::types::BytesFrame::Array(kv)) => {
+                    kv.get(1).and_then(frame_text).as_deref() != Some("no")
                 }
-                Ok(other) => {
-                    return Err(PromoteError::Flush(format!(
-                        "{addr}: EXEC replied {other:?}"
-                    )));
-                }
-                Err(e) => return Err(PromoteError::Flush(format!("{addr}: EXEC: {e}"))),
+                _ => true,
+            };
+            if read_only {
+                c.call(["CONFIG", "SET", "replica-read-only", "no"])
+                    .await
+                    .map_err(|e| {
+                        PromoteError::Flush(format!(
+                            "{addr}: cannot let the replica accept FLUSHALL (CONFIG SET replica-read-only no): {e}"
+                        ))
+                    })?;
             }
+            let result = Self::promote_and_flush_in_multi(&mut c, addr).await;
+            if read_only {
+                // Only matters once it is a replica again, but an operator
+                // expects the setting they made.
+                let _ = c.call(["CONFIG", "SET", "replica-read-only", "yes"]).await;
+            }
+            result?;
         }
         if flush {
             let n = c
@@ -134,6 +137,38 @@ impl InstanceOps {
             .await
             .map_err(PromoteError::Promotion)?;
         Ok(())
+    }
+
+    /// `MULTI`, `REPLICAOF NO ONE`, `FLUSHALL`, `EXEC` on Redis/Valkey: no
+    /// write can land between the promotion and the flush.
+    async fn promote_and_flush_in_multi(
+        c: &mut Connection,
+        addr: &Addr,
+    ) -> Result<(), PromoteError> {
+        let perr = |e: RespError| PromoteError::Promotion(format!("{addr}: {e}"));
+        c.call(["MULTI"]).await.map_err(perr)?;
+        c.call(["REPLICAOF", "NO", "ONE"]).await.map_err(perr)?;
+        // Inside MULTI a refused command (renamed, ACL) answers an error
+        // right away and EXEC then aborts the whole transaction: the
+        // replica is not even promoted.
+        if let Err(e) = c.call(["FLUSHALL"]).await {
+            let _ = c.call(["DISCARD"]).await;
+            return Err(PromoteError::Flush(format!("{addr}: FLUSHALL: {e}")));
+        }
+        match c.call(["EXEC"]).await {
+            Ok(redis_protocol::resp2::types::BytesFrame::Array(replies)) => {
+                for r in replies {
+                    if let redis_protocol::resp2::types::BytesFrame::Error(m) = r {
+                        return Err(PromoteError::Flush(format!("{addr}: {m}")));
+                    }
+                }
+                Ok(())
+            }
+            Ok(other) => Err(PromoteError::Flush(format!(
+                "{addr}: EXEC replied {other:?}"
+            ))),
+            Err(e) => Err(PromoteError::Flush(format!("{addr}: EXEC: {e}"))),
+        }
     }
 
     /// `REPLICAOF master` on `replica`.

@@ -81,6 +81,11 @@ enum Internal {
     },
     Machine(u64, Input),
     Demoted(Addr, Result<(), String>),
+    PeerConfigChecked {
+        from: String,
+        group: HelloGroup,
+        role: Result<Role, String>,
+    },
 }
 
 struct Instance {
@@ -145,12 +150,10 @@ struct Group {
     intended: Option<(u64, Addr)>,
     last_failover: Option<LastFailover>,
     last_tick: Instant,
-    /// When the per-instance INFO-age gauges were last set: once a second
-    /// is enough for a gauge, and setting them on every tick (a label
-    /// allocation and a registry lookup per instance, ten times a second)
-    /// was a tenth of the daemon's CPU at 1,000 instances.
-    info_age_published: Instant,
-    /// The last value of the quorum-reachable gauge, set only on change.
+    last_export: Instant,
+    /// The last value of the quorum-reachable gauge, set only on change:
+    /// setting it on every tick cost a registry lookup per group 10 times
+    /// a second.
     quorum_reachable: Option<bool>,
     reason: Option<String>,
 }
@@ -251,7 +254,7 @@ pub fn spawn(
         intended: None,
         last_failover: None,
         last_tick: now,
-        info_age_published: now,
+        last_export: now,
         quorum_reachable: None,
         reason: None,
         cfg,
@@ -266,6 +269,8 @@ pub fn spawn(
     };
     tracing::info!(group = %g.cfg.name, master = %g.master, config_epoch = g.config_epoch, "monitoring group");
     metrics::gauge!(m::CONFIG_EPOCH, "group" => g.cfg.name.clone()).set(g.config_epoch as f64);
+    metrics::gauge!(m::GROUP_MASTER, "group" => g.cfg.name.clone(), "instance" => g.master.to_string())
+        .set(1.0);
     tokio::spawn(async move {
         let tick_every =
             (g.cfg.ping_period() / 2).clamp(Duration::from_millis(10), Duration::from_millis(100));
@@ -342,6 +347,10 @@ impl Group {
         };
         let probe = probe::spawn(settings, self.probe_tx.clone(), &self.cancel);
         let now = Instant::now();
+        // Up until SDOWN says otherwise, as in the view; without this the
+        // gauge would only appear at the first +sdown.
+        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "instance" => addr.to_string())
+            .set(1.0);
         self.instances.insert(
             addr.clone(),
             Instance {
@@ -512,14 +521,24 @@ impl Group {
             self.machine_input(now, Input::Tick);
         }
         self.check_topology(now);
-        if now.saturating_duration_since(self.info_age_published) < Duration::from_secs(1) {
-            return;
-        }
-        self.info_age_published = now;
-        for inst in self.instances.values() {
-            if let Some(at) = inst.info_at {
-                metrics::gauge!(m::INFO_AGE, "group" => self.cfg.name.clone(), "instance" => inst.addr.to_string())
-                    .set(now.saturating_duration_since(at).as_secs_f64());
+        // Gauges that change continuously are exported once a second, not
+        // at every tick: with a thousand instances the tick is hot.
+        if now.saturating_duration_since(self.last_export) >= Duration::from_secs(1) {
+            self.last_export = now;
+            for inst in self.instances.values() {
+                let labels = [
+                    ("group", self.cfg.name.clone()),
+                    ("instance", inst.addr.to_string()),
+                ];
+                metrics::gauge!(m::INSTANCE_UP, &labels).set(if inst.sdown.is_down() {
+                    0.0
+                } else {
+                    1.0
+                });
+                if let Some(at) = inst.info_at {
+                    metrics::gauge!(m::INFO_AGE, &labels)
+                        .set(now.saturating_duration_since(at).as_secs_f64());
+                }
             }
         }
     }
@@ -775,7 +794,7 @@ impl Group {
         // A small random delay before starting, against split votes.
         match self.election_delay_until {
             None => {
-                let max = self.cfg.ping_period().min(Duration::from_millis(100));
+                let max = (self.cfg.ping_period() / 2).min(Duration::from_millis(50));
                 let d = rand::rng().random_range(0..=ms(max));
                 self.election_delay_until = Some(now + Duration::from_millis(d));
             }
@@ -802,7 +821,10 @@ impl Group {
     }
 
     fn schedule_retry(&mut self, now: Instant) {
-        let jitter = rand::rng().random_range(0..=ms(self.cfg.ping_period()));
+        // A wide random spread, so that two daemons whose elections split
+        // do not collide again on the retry.
+        let spread = ms(self.cfg.ping_period().max(Duration::from_secs(1)));
+        let jitter = rand::rng().random_range(0..=spread);
         self.next_attempt = now + self.cfg.failover_timeout + Duration::from_millis(jitter);
     }
 
@@ -1220,19 +1242,23 @@ impl Group {
         let peers = self.ctx.peer_table.snapshot();
         let mut confirmed = 1;
         for e in &peers {
-            let fresh = e
-                .last_seen
-                .is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL);
-            if !fresh {
-                continue;
-            }
+            // Any peer known to hold a newer config, however old its hello:
+            // this daemon's view is stale and must not act on it.
             if let Some(h) = &e.hello
                 && let Some(g) = h.groups.iter().find(|g| g.name == self.cfg.name)
                 && g.config_epoch > self.config_epoch
             {
                 return false;
             }
-            confirmed += 1;
+            // Only a recent hello confirms the peer's config; an answer to
+            // IS-DOWN proves it is alive, not what it believes (a daemon
+            // back from a partition hears answers before hellos).
+            let fresh = e
+                .last_hello
+                .is_some_and(|t| now.saturating_duration_since(t) <= HELLO_TTL);
+            if fresh {
+                confirmed += 1;
+            }
         }
         confirmed >= self.ctx.majority()
     }
@@ -1284,8 +1310,13 @@ impl Group {
                     demote.push((inst.addr.clone(), info.flavour));
                 }
                 Role::Replica if master_up => {
-                    let follows = info.master_host.as_deref() == Some(master.host.as_str())
-                        && info.master_port == Some(master.port);
+                    let points_at = |a: &Addr| {
+                        info.master_host.as_deref() == Some(a.host.as_str())
+                            && info.master_port == Some(a.port)
+                    };
+                    // Following the replica a leader is promoting in a newer
+                    // epoch is right too: its config is on the way.
+                    let follows = points_at(&master) || intended.as_ref().is_some_and(points_at);
                     if follows {
                         inst.wrong_master_since = None;
                     } else {
@@ -1378,6 +1409,24 @@ impl Group {
                     self.machine_input(now, input);
                 }
             }
+            Internal::PeerConfigChecked { from, group, role } => {
+                if group.config_epoch <= self.config_epoch {
+                    return;
+                }
+                match role {
+                    Ok(Role::Master) => self.adopt_from_peer(&from, group),
+                    Ok(other) => tracing::warn!(
+                        group = %self.cfg.name, peer = %from, epoch = group.config_epoch,
+                        master = %group.master, role = ?other,
+                        "a peer announces a master that does not report role:master; not adopting"
+                    ),
+                    Err(e) => tracing::info!(
+                        group = %self.cfg.name, peer = %from, epoch = group.config_epoch,
+                        master = %group.master, error = %e,
+                        "cannot confirm the master a peer announces; will retry"
+                    ),
+                }
+            }
             Internal::Demoted(addr, r) => match r {
                 Ok(()) => {
                     metrics::counter!(m::DEMOTIONS, "group" => self.cfg.name.clone()).increment(1);
@@ -1397,32 +1446,28 @@ impl Group {
                 let _ = reply.send(self.answer_is_down(now, query));
             }
             GroupMsg::PeerConfig { from, group } => {
-                if group.config_epoch > self.config_epoch {
-                    tracing::info!(group = %self.cfg.name, from = %from, epoch = group.config_epoch, master = %group.master, "adopting a newer config from a peer");
-                    if let Some(run) = self.failover.take() {
-                        tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, "a newer config exists; abandoning this failover");
-                    }
-                    if let Some(el) = self.election.take()
-                        && let Some(r) = el.switchover_reply
-                    {
-                        let _ = r.send(Err("INPROG a newer configuration was adopted".into()));
-                    }
-                    self.adopt_master(
-                        group.master,
-                        group.config_epoch,
-                        Reporter::Observer,
-                        Some(&from),
-                    );
-                    let topology = self.topology(Reporter::Observer, None);
-                    let runner = self.discovery.clone();
-                    let deadline = self.cfg.failover_timeout;
-                    let name = self.cfg.name.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = runner.publish(topology, deadline).await {
-                            tracing::warn!(group = %name, error = %e, "publishing the adopted config failed");
-                        }
-                    });
+                if group.config_epoch <= self.config_epoch {
+                    return;
                 }
+                if group.master == self.master {
+                    self.adopt_from_peer(&from, group);
+                    return;
+                }
+                // A peer's word alone never moves the master: the instance
+                // it names must itself say it is a master. A peer that lies
+                // about an epoch (or a corrupt hello) changes nothing.
+                let ops = self.ops.clone();
+                let tx = self.internal_tx.clone();
+                tokio::spawn(async move {
+                    let role = ops
+                        .info(&group.master)
+                        .await
+                        .map(|i| i.role)
+                        .map_err(|e| e.to_string());
+                    let _ = tx
+                        .send(Internal::PeerConfigChecked { from, group, role })
+                        .await;
+                });
             }
             GroupMsg::Switchover { to, reply } => {
                 if self.failover.is_some() || self.election.is_some() {
@@ -1450,6 +1495,34 @@ impl Group {
                 self.refresh_info(&master);
             }
         }
+    }
+
+    /// Adopt a newer config a peer announced (already checked).
+    fn adopt_from_peer(&mut self, from: &str, group: HelloGroup) {
+        tracing::info!(group = %self.cfg.name, from = %from, epoch = group.config_epoch, master = %group.master, "adopting a newer config from a peer");
+        if let Some(run) = self.failover.take() {
+            tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, "a newer config exists; abandoning this failover");
+        }
+        if let Some(el) = self.election.take()
+            && let Some(r) = el.switchover_reply
+        {
+            let _ = r.send(Err("INPROG a newer configuration was adopted".into()));
+        }
+        self.adopt_master(
+            group.master,
+            group.config_epoch,
+            Reporter::Observer,
+            Some(from),
+        );
+        let topology = self.topology(Reporter::Observer, None);
+        let runner = self.discovery.clone();
+        let deadline = self.cfg.failover_timeout;
+        let name = self.cfg.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = runner.publish(topology, deadline).await {
+                tracing::warn!(group = %name, error = %e, "publishing the adopted config failed");
+            }
+        });
     }
 
     fn answer_is_down(&mut self, now: Instant, q: IsDownQuery) -> Result<IsDownReply, String> {

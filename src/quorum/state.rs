@@ -325,9 +325,18 @@ impl StateStore {
         })
     }
 
-    /// Forget a group that is no longer configured.
+    /// Forget the config of a group that is no longer configured. Its vote
+    /// is kept: were the group added back while that epoch is current, a
+    /// forgotten vote could be cast a second time.
     pub fn remove_group(&self, group: &str) -> Result<(), StateError> {
-        self.update(|s| ((), s.groups.remove(group).is_some()))
+        self.update(|s| match s.groups.get_mut(group) {
+            Some(g) if g.master.is_some() || g.config_epoch != 0 => {
+                g.master = None;
+                g.config_epoch = 0;
+                ((), true)
+            }
+            _ => ((), false),
+        })
     }
 
     fn write(&self, state: &PersistedState) -> Result<(), StateError> {
@@ -458,6 +467,19 @@ mod tests {
         assert!(!s.set_config("g", 3, &m2).unwrap());
         assert_eq!(s.group("g").master, Some(m1));
         assert_eq!(s.current_epoch(), 3);
+    }
+
+    #[test]
+    fn removing_a_group_keeps_its_vote() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path(), Some("a")).unwrap();
+        s.set_config("g", 2, &Addr::new("127.0.0.2", 1)).unwrap();
+        s.vote("g", 3, "b").unwrap();
+        s.remove_group("g").unwrap();
+        assert_eq!(s.group("g").master, None);
+        assert_eq!(s.group("g").config_epoch, 0);
+        let v = s.vote("g", 3, "c").unwrap();
+        assert_eq!(v.leader.as_deref(), Some("b"), "no second vote in epoch 3");
     }
 
     #[test]

@@ -579,7 +579,39 @@ impl RedisServer {
         args
     }
 
+    /// Start again (like [`RedisServer::restart`]) with a client that
+    /// connects the moment the port accepts connections, before the server
+    /// is even ready and before anyone else (a prober polls less often).
+    /// Returns that client and when it connected.
+    #[track_caller]
+    pub fn restart_with_early_client(&mut self) -> (RespConn, Instant) {
+        self.kill9();
+        let pid = self.spawn().unwrap_or_else(|e| panic!("{e}"));
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let early = loop {
+            if let Ok(c) = RespConn::connect(self.addr, CMD_TIMEOUT) {
+                break (c, Instant::now());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not accept connections within {READY_TIMEOUT:?}; log:\n{}",
+                self.addr,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        if let Err(e) = self.wait_ready(pid) {
+            panic!("{e}");
+        }
+        early
+    }
+
     fn spawn_and_wait(&mut self) -> Result<(), String> {
+        let pid = self.spawn()?;
+        self.wait_ready(pid)
+    }
+
+    fn spawn(&mut self) -> Result<u32, String> {
         self.starts += 1;
         let out_path = self.dir.path().join(format!("stdout-{}.log", self.starts));
         let out = File::create(&out_path).map_err(|e| format!("create {out_path:?}: {e}"))?;
@@ -596,7 +628,10 @@ impl RedisServer {
             .map_err(|e| format!("spawn {}: {e}", redis_server_bin()))?;
         let pid = child.id();
         self.child = Some(child);
+        Ok(pid)
+    }
 
+    fn wait_ready(&mut self, pid: u32) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if !self.is_running() {
@@ -729,9 +764,14 @@ pub const PICKET_STOP_GRACE: Duration = Duration::from_secs(5);
 /// The `picket` binary, run as `picket run --config <dir>/picket.toml` with
 /// stdout and stderr captured in the same directory. Dropping it stops the
 /// process (SIGCONT, SIGTERM, then SIGKILL after [`PICKET_STOP_GRACE`]).
+/// [`PicketProcess::restart`] runs it again in the same directory (same
+/// config, same `data_dir` when the config puts it there), appending to the
+/// same log files.
 pub struct PicketProcess {
     dir: TempDir,
     child: Option<Child>,
+    extra_args: Vec<String>,
+    envs: Vec<(String, String)>,
 }
 
 impl PicketProcess {
@@ -757,26 +797,50 @@ impl PicketProcess {
         let config_path = dir.path().join("picket.toml");
         fs::write(&config_path, config(dir.path()))
             .unwrap_or_else(|e| panic!("write {config_path:?}: {e}"));
-        let stdout = File::create(dir.path().join("stdout.log"))
-            .unwrap_or_else(|e| panic!("create stdout.log: {e}"));
-        let stderr = File::create(dir.path().join("stderr.log"))
-            .unwrap_or_else(|e| panic!("create stderr.log: {e}"));
+        let mut p = PicketProcess {
+            dir,
+            child: None,
+            extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
+            envs: envs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        p.spawn();
+        p
+    }
+
+    #[track_caller]
+    fn spawn(&mut self) {
+        let open = |name: &str| {
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.path().join(name))
+                .unwrap_or_else(|e| panic!("open {name}: {e}"))
+        };
+        let (stdout, stderr) = (open("stdout.log"), open("stderr.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_picket"))
             .arg("run")
             .arg("--config")
-            .arg(&config_path)
-            .args(extra_args)
-            .envs(envs.iter().copied())
-            .current_dir(dir.path())
+            .arg(self.config_path())
+            .args(&self.extra_args)
+            .envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn picket: {e}"));
-        PicketProcess {
-            dir,
-            child: Some(child),
-        }
+        self.child = Some(child);
+    }
+
+    /// SIGKILL the running process (if any) and start it again with the
+    /// same config, arguments and directory.
+    #[track_caller]
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
     }
 
     /// PID while running.
@@ -794,6 +858,11 @@ impl PicketProcess {
         self.dir.path().join("picket.toml")
     }
 
+    /// Captured stderr (picket logs there) of every start so far.
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default()
+    }
+
     /// Captured stdout and stderr so far, for assertion messages.
     pub fn logs(&self) -> String {
         let read = |name: &str| fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
@@ -809,6 +878,20 @@ impl PicketProcess {
         let status = self.child.as_mut()?.try_wait().ok()??;
         self.child = None;
         Some(status)
+    }
+
+    /// Wait up to `timeout` for the process to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_exit_status() {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
     }
 
     /// SIGKILL by PID and wait for exit.
@@ -856,5 +939,549 @@ impl PicketProcess {
 impl Drop for PicketProcess {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// HTTP
+
+/// A plain HTTP/1.1 GET on loopback: `(status code, body)`. Bounded by
+/// [`CMD_TIMEOUT`]; handles `Content-Length`, chunked and close-delimited
+/// bodies (all the daemon's endpoints are small).
+pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    let mut stream = TcpStream::connect_timeout(&addr, CMD_TIMEOUT)
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(CMD_TIMEOUT))
+        .and_then(|()| stream.set_write_timeout(Some(CMD_TIMEOUT)))
+        .map_err(|e| format!("socket options {addr}: {e}"))?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(req.as_bytes())
+        .map_err(|e| format!("write to {addr}: {e}"))?;
+    let mut raw = Vec::new();
+    stream
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("read from {addr}: {e}"))?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no end of headers from {addr}{path}: {text:?}"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or_else(|| format!("bad status line from {addr}{path}: {head:?}"))?;
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let body = if chunked {
+        let mut out = String::new();
+        let mut rest = body;
+        loop {
+            let (size, after) = rest
+                .split_once("\r\n")
+                .ok_or_else(|| format!("bad chunk from {addr}{path}"))?;
+            let n = usize::from_str_radix(size.trim(), 16)
+                .map_err(|e| format!("bad chunk size {size:?}: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            out.push_str(after.get(..n).ok_or("short chunk")?);
+            rest = after.get(n + 2..).ok_or("short chunk")?;
+        }
+        out
+    } else {
+        body.to_owned()
+    };
+    Ok((code, body))
+}
+
+/// The value of one Prometheus sample: `name{labels}` where every
+/// `(key, value)` of `labels` appears among the sample's labels.
+pub fn metric_value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        if n != name {
+            return None;
+        }
+        let all = labels
+            .iter()
+            .all(|(k, v)| rest.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
+        if all { value.parse().ok() } else { None }
+    })
+}
+
+// ---------------------------------------------------------------------------
+// picket clusters
+
+/// An event a daemon logged (its Sentinel channel and message), read back
+/// from the JSON log lines of [`PicketNode`]s.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedEvent {
+    /// Channel, e.g. `+promoted-slave`.
+    pub event: String,
+    /// The whole message, e.g. `+promoted-slave slave 127.0.0.3:...`.
+    pub message: String,
+}
+
+/// Events in a JSON log (`log_format = "json"`), in order.
+pub fn parse_events(log: &str) -> Vec<LoggedEvent> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == "picket::events")
+        .filter_map(|v| {
+            Some(LoggedEvent {
+                event: v["event"].as_str()?.to_owned(),
+                message: v["message"].as_str().unwrap_or_default().to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// Addresses and ids of the daemons of a cluster, chosen before any
+/// starts (so that proxies can be put between them).
+#[derive(Debug, Clone)]
+pub struct ClusterPlan {
+    /// Daemon ids (`picket-0`, `picket-1`, ...).
+    pub ids: Vec<String>,
+    /// RESP listen address of each daemon.
+    pub resp: Vec<SocketAddr>,
+    /// HTTP listen address of each daemon.
+    pub http: Vec<SocketAddr>,
+}
+
+impl ClusterPlan {
+    /// `n` daemons, each on its own loopback address.
+    pub fn new(n: usize) -> ClusterPlan {
+        let mut plan = ClusterPlan {
+            ids: Vec::new(),
+            resp: Vec::new(),
+            http: Vec::new(),
+        };
+        for i in 0..n {
+            let ip = next_loopback_ip();
+            let resp = socket_addr(&ip, free_port(&ip));
+            let mut http = socket_addr(&ip, free_port(&ip));
+            while http == resp {
+                http = socket_addr(&ip, free_port(&ip));
+            }
+            plan.ids.push(format!("picket-{i}"));
+            plan.resp.push(resp);
+            plan.http.push(http);
+        }
+        plan
+    }
+
+    /// The `[daemon]` table of daemon `i`, reaching daemon `j` at
+    /// `peer(i, j)`.
+    pub fn daemon_toml(
+        &self,
+        i: usize,
+        data_dir: &Path,
+        peer: &dyn Fn(usize, usize) -> String,
+    ) -> String {
+        let peers: Vec<String> = (0..self.ids.len())
+            .filter(|j| *j != i)
+            .map(|j| format!("\"{}\"", peer(i, j)))
+            .collect();
+        format!(
+            "[daemon]\nid = \"{}\"\nlisten = \"{}\"\nhttp_listen = \"{}\"\ndata_dir = \"{}\"\n\
+             log_format = \"json\"\npeers = [{}]\n\n",
+            self.ids[i],
+            self.resp[i],
+            self.http[i],
+            data_dir.display(),
+            peers.join(", ")
+        )
+    }
+
+    /// Start every daemon with `groups` (the `[[group]]` tables), peers
+    /// reached directly.
+    #[track_caller]
+    pub fn start(self, groups: &str) -> PicketCluster {
+        let resp = self.resp.clone();
+        self.start_with_peers(groups, move |_, j| resp[j].to_string())
+    }
+
+    /// Start every daemon; daemon `i` reaches daemon `j` at `peer(i, j)`.
+    #[track_caller]
+    pub fn start_with_peers(
+        self,
+        groups: &str,
+        peer: impl Fn(usize, usize) -> String,
+    ) -> PicketCluster {
+        let nodes = (0..self.ids.len())
+            .map(|i| {
+                let process = PicketProcess::start_with(
+                    |dir| format!("{}{groups}", self.daemon_toml(i, &dir.join("data"), &peer)),
+                    &[],
+                    &[("RUST_LOG", "info")],
+                );
+                PicketNode {
+                    id: self.ids[i].clone(),
+                    resp: self.resp[i],
+                    http: self.http[i],
+                    process,
+                }
+            })
+            .collect();
+        let cluster = PicketCluster { nodes };
+        cluster.wait_ready(READY_TIMEOUT);
+        cluster
+    }
+}
+
+/// The `[[group]]` table of a Redis group with test timings; `extra` is
+/// appended (more keys, `[[group.discovery]]` tables).
+pub fn group_toml(name: &str, master: SocketAddr, quorum: u32, extra: &str) -> String {
+    format!(
+        "[[group]]\nname = \"{name}\"\nmaster = \"{master}\"\nquorum = {quorum}\n\
+         down_after = \"1s\"\nfailover_timeout = \"5s\"\n{extra}\n"
+    )
+}
+
+/// One picket daemon of a test cluster.
+pub struct PicketNode {
+    /// Its configured id.
+    pub id: String,
+    /// RESP listen address (API and peer protocol).
+    pub resp: SocketAddr,
+    /// HTTP listen address.
+    pub http: SocketAddr,
+    /// The process.
+    pub process: PicketProcess,
+}
+
+impl PicketNode {
+    /// `/v1/status` as JSON.
+    pub fn status(&self) -> Result<serde_json::Value, String> {
+        let (code, body) = http_get(self.http, "/v1/status")?;
+        if code != 200 {
+            return Err(format!("/v1/status of {}: HTTP {code}: {body}", self.id));
+        }
+        serde_json::from_str(&body).map_err(|e| format!("/v1/status of {}: {e}", self.id))
+    }
+
+    /// The view of one group in `/v1/status` (Null when unreachable).
+    pub fn group(&self, name: &str) -> serde_json::Value {
+        self.status()
+            .ok()
+            .and_then(|s| {
+                s["groups"]
+                    .as_array()?
+                    .iter()
+                    .find(|g| g["name"] == name)
+                    .cloned()
+            })
+            .unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The `/metrics` text.
+    pub fn metrics(&self) -> Result<String, String> {
+        match http_get(self.http, "/metrics")? {
+            (200, body) => Ok(body),
+            (code, body) => Err(format!("/metrics of {}: HTTP {code}: {body}", self.id)),
+        }
+    }
+
+    /// A command on its RESP listener.
+    pub fn cmd(&self, args: &[&str]) -> Result<Reply, String> {
+        redis_cmd(self.resp, args)
+    }
+
+    /// `SENTINEL get-master-addr-by-name`.
+    pub fn master_addr(&self, group: &str) -> Option<SocketAddr> {
+        match self
+            .cmd(&["SENTINEL", "get-master-addr-by-name", group])
+            .ok()?
+        {
+            Reply::Array(a) if a.len() == 2 => format!("{}:{}", a[0].as_str()?, a[1].as_str()?)
+                .parse()
+                .ok(),
+            _ => None,
+        }
+    }
+
+    /// `PICKET SIMULATE-FAILURE <mode>`.
+    #[track_caller]
+    pub fn simulate_failure(&self, mode: &str) {
+        let r = self.cmd(&["PICKET", "SIMULATE-FAILURE", mode]);
+        assert!(
+            r.as_ref().is_ok_and(Reply::is_ok),
+            "SIMULATE-FAILURE {mode} on {}: {r:?}",
+            self.id
+        );
+    }
+
+    /// Every event it logged so far (all starts).
+    pub fn events(&self) -> Vec<LoggedEvent> {
+        parse_events(&self.process.stderr())
+    }
+
+    /// How many times it logged `event`.
+    pub fn count_event(&self, event: &str) -> usize {
+        self.events().iter().filter(|e| e.event == event).count()
+    }
+
+    /// Whether it answers `/readyz` with 200.
+    pub fn is_ready(&self) -> bool {
+        http_get(self.http, "/readyz").is_ok_and(|(c, _)| c == 200)
+    }
+
+    /// Its logs, for assertion messages.
+    pub fn logs(&self) -> String {
+        format!("=== {} ===\n{}", self.id, self.process.logs())
+    }
+}
+
+/// Several picket daemons configured as peers of each other.
+pub struct PicketCluster {
+    /// The daemons, in plan order.
+    pub nodes: Vec<PicketNode>,
+}
+
+impl PicketCluster {
+    /// Wait until every running daemon answers `/readyz`.
+    #[track_caller]
+    pub fn wait_ready(&self, timeout: Duration) {
+        for n in &self.nodes {
+            wait_for(&format!("{} ready", n.id), timeout, || {
+                assert!(
+                    n.process.pid().is_some(),
+                    "{} is not running\n{}",
+                    n.id,
+                    n.logs()
+                );
+                n.is_ready()
+            });
+        }
+    }
+
+    /// Wait until every daemon in `which` knows `instances` instances of
+    /// `group` with a role read from INFO, and sees every peer in `which`
+    /// as reachable: the state in which a failover can be expected to work.
+    #[track_caller]
+    pub fn wait_converged(
+        &self,
+        which: &[usize],
+        group: &str,
+        instances: usize,
+        timeout: Duration,
+    ) {
+        for &i in which {
+            let n = &self.nodes[i];
+            let peers: Vec<String> = which
+                .iter()
+                .filter(|j| **j != i)
+                .map(|j| self.nodes[*j].id.clone())
+                .collect();
+            wait_for(
+                &format!(
+                    "{} to know {instances} instances of {group} and peers {peers:?}",
+                    n.id
+                ),
+                timeout,
+                || {
+                    let g = n.group(group);
+                    let known = g["instances"].as_array().is_some_and(|a| {
+                        a.len() == instances
+                            && a.iter().all(|i| {
+                                i["role"] != "unknown"
+                                    && i["up"] == true
+                                    && i["info_age_ms"].is_u64()
+                            })
+                    });
+                    let reachable = peers.iter().all(|id| {
+                        g["peers"].as_array().is_some_and(|ps| {
+                            ps.iter()
+                                .any(|p| p["id"] == id.as_str() && p["reachable"] == true)
+                        })
+                    });
+                    known && reachable
+                },
+            );
+        }
+    }
+
+    /// Every daemon's logs, for assertion messages.
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(PicketNode::logs)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Fault-injecting TCP proxy
+
+struct ProxyShared {
+    blocked: std::sync::atomic::AtomicBool,
+    stop: std::sync::atomic::AtomicBool,
+    next_id: std::sync::atomic::AtomicU64,
+    /// Both sockets of every live forwarded connection, by id.
+    conns: std::sync::Mutex<Vec<(u64, TcpStream, TcpStream)>>,
+    accepted: std::sync::atomic::AtomicU64,
+    refused: std::sync::atomic::AtomicU64,
+}
+
+impl ProxyShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, TcpStream, TcpStream)>> {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn close_all(&self) {
+        for (_, a, b) in self.lock().drain(..) {
+            let _ = a.shutdown(std::net::Shutdown::Both);
+            let _ = b.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// A loopback TCP forwarder to `target` that can cut the link:
+/// [`FaultProxy::block`] closes every forwarded connection and closes each
+/// new one as soon as it is accepted, until [`FaultProxy::unblock`].
+/// Dropping it stops the accept thread and closes everything.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    target: SocketAddr,
+    shared: std::sync::Arc<ProxyShared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FaultProxy {
+    /// Listen on `ip` (a free port) and forward to `target`.
+    #[track_caller]
+    pub fn start(ip: &str, target: SocketAddr) -> FaultProxy {
+        let listener = TcpListener::bind(socket_addr(ip, 0))
+            .unwrap_or_else(|e| panic!("proxy bind {ip}:0: {e}"));
+        let addr = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("proxy local_addr: {e}"));
+        listener
+            .set_nonblocking(true)
+            .unwrap_or_else(|e| panic!("proxy nonblocking: {e}"));
+        assert!(
+            target.ip().is_loopback(),
+            "proxy target {target} not loopback"
+        );
+        let shared = std::sync::Arc::new(ProxyShared {
+            blocked: false.into(),
+            stop: false.into(),
+            next_id: 0.into(),
+            conns: std::sync::Mutex::new(Vec::new()),
+            accepted: 0.into(),
+            refused: 0.into(),
+        });
+        let s = shared.clone();
+        let thread = std::thread::spawn(move || accept_loop(listener, target, s));
+        FaultProxy {
+            addr,
+            target,
+            shared,
+            thread: Some(thread),
+        }
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Where it forwards to.
+    pub fn target(&self) -> SocketAddr {
+        self.target
+    }
+
+    /// Cut the link: drop every forwarded connection, refuse new ones.
+    pub fn block(&self) {
+        self.shared.blocked.store(true, Ordering::SeqCst);
+        self.shared.close_all();
+    }
+
+    /// Forward again.
+    pub fn unblock(&self) {
+        self.shared.blocked.store(false, Ordering::SeqCst);
+    }
+
+    /// Connections forwarded so far.
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Connections closed at once because the proxy was blocked.
+    pub fn refused(&self) -> u64 {
+        self.shared.refused.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.close_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, target: SocketAddr, s: std::sync::Arc<ProxyShared>) {
+    while !s.stop.load(Ordering::SeqCst) {
+        let client = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+        };
+        if s.blocked.load(Ordering::SeqCst) {
+            s.refused.fetch_add(1, Ordering::SeqCst);
+            let _ = client.shutdown(std::net::Shutdown::Both);
+            continue;
+        }
+        let _ = client.set_nonblocking(false);
+        let Ok(upstream) = TcpStream::connect_timeout(&target, Duration::from_secs(1)) else {
+            let _ = client.shutdown(std::net::Shutdown::Both);
+            continue;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = upstream.set_nodelay(true);
+        let (Ok(c2), Ok(u2), Ok(c3), Ok(u3)) = (
+            client.try_clone(),
+            upstream.try_clone(),
+            client.try_clone(),
+            upstream.try_clone(),
+        ) else {
+            continue;
+        };
+        let id = s.next_id.fetch_add(1, Ordering::SeqCst);
+        s.lock().push((id, c3, u3));
+        // A block() between the check above and the registration must
+        // not leave this connection forwarding.
+        if s.blocked.load(Ordering::SeqCst) || s.stop.load(Ordering::SeqCst) {
+            s.close_all();
+            continue;
+        }
+        s.accepted.fetch_add(1, Ordering::SeqCst);
+        for (mut from, mut to) in [(client, upstream), (u2, c2)] {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut from, &mut to);
+                let _ = from.shutdown(std::net::Shutdown::Both);
+                let _ = to.shutdown(std::net::Shutdown::Both);
+                s.lock().retain(|(i, _, _)| *i != id);
+            });
+        }
     }
 }
