@@ -202,6 +202,19 @@ pub fn failover_figures(runs: &[FailoverRun]) -> Vec<Compared> {
         ratio: None,
         note: Some(format!("picket {pd}/{pn}, redis-sentinel {sd}/{sn}")),
     });
+    let retried = |r: &FailoverRun| r.config_epochs.iter().flatten().any(|e| *e > 1);
+    let (pr, pn) = count(Side::Picket, &retried);
+    let (sr, sn) = count(Side::RedisSentinel, &retried);
+    out.push(Compared {
+        figure: "runs whose first election failed (config epoch > 1)".into(),
+        unit: "runs".into(),
+        picket: Some(Stat { n: pn, median: pr as f64, min: pr as f64, max: pr as f64 }),
+        redis_sentinel: Some(Stat { n: sn, median: sr as f64, min: sr as f64, max: sr as f64 }),
+        ratio: None,
+        note: Some(format!(
+            "picket {pr}/{pn}, redis-sentinel {sr}/{sn}: a split vote, retried after failover_timeout"
+        )),
+    });
     let (pf, pn) = count(Side::Picket, &|r| r.failed_over);
     let (sf, sn) = count(Side::RedisSentinel, &|r| r.failed_over);
     out.push(Compared {
