@@ -206,13 +206,13 @@ pub fn failover_figures(runs: &[FailoverRun]) -> Vec<Compared> {
     let (pr, pn) = count(Side::Picket, &retried);
     let (sr, sn) = count(Side::RedisSentinel, &retried);
     out.push(Compared {
-        figure: "runs whose first election failed (config epoch > 1)".into(),
+        figure: "runs ending with config epoch > 1".into(),
         unit: "runs".into(),
         picket: Some(Stat { n: pn, median: pr as f64, min: pr as f64, max: pr as f64 }),
         redis_sentinel: Some(Stat { n: sn, median: sr as f64, min: sr as f64, max: sr as f64 }),
         ratio: None,
         note: Some(format!(
-            "picket {pr}/{pn}, redis-sentinel {sr}/{sn}: a split vote, retried after failover_timeout"
+            "picket {pr}/{pn}, redis-sentinel {sr}/{sn}: a failed first election (split vote), or a second failover"
         )),
     });
     let (pf, pn) = count(Side::Picket, &|r| r.failed_over);
