@@ -20,6 +20,7 @@
 
 pub mod addr;
 pub mod api;
+pub mod bench_client;
 pub mod config;
 pub mod daemon;
 pub mod discovery;

@@ -2,17 +2,16 @@
 //! the master with `SENTINEL get-master-addr-by-name`, writes a numbered key
 //! every interval, and on any error re-resolves and reconnects. It reports
 //! the acknowledged writes, errors by kind and the longest gap between two
-//! acknowledged writes (the write-unavailability window). Used by the demo,
-//! the tests and the benchmark; works against picket and redis-sentinel.
+//! acknowledged writes (the write-unavailability window). Used by the demo
+//! and the tests; works against picket and redis-sentinel. The loop itself
+//! is `picket::bench_client`, shared with `picket-bench`.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::Parser;
-use picket::resp::{ClientOptions, Connection, RespError, ServerError, frame_text};
-use tokio::time::Instant;
+use picket::bench_client::{WriterConfig, run_writer};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -52,68 +51,33 @@ struct Args {
     verbose: bool,
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-fn kind(e: &RespError) -> &'static str {
-    match e {
-        RespError::Server(ServerError::ReadOnly(_)) => "readonly",
-        RespError::Server(ServerError::Loading(_)) => "loading",
-        RespError::Timeout(_) => "timeout",
-        RespError::Connect { source, .. }
-            if source.kind() == std::io::ErrorKind::ConnectionRefused =>
-        {
-            "refused"
-        }
-        RespError::Closed | RespError::Io(_) => "closed",
-        RespError::Server(_) => "error",
-        _ => "other",
-    }
-}
-
-async fn resolve(args: &Args, opts: &ClientOptions) -> Option<String> {
-    for s in &args.sentinels {
-        let Ok(mut c) = Connection::connect(s, opts).await else {
-            continue;
-        };
-        if let Ok(redis_protocol::resp2::types::BytesFrame::Array(v)) = c
-            .call(["SENTINEL", "get-master-addr-by-name", args.group.as_str()])
-            .await
-            && let (Some(h), Some(p)) = (
-                v.first().and_then(frame_text),
-                v.get(1).and_then(frame_text),
-            )
-        {
-            return Some(format!("{h}:{p}"));
-        }
-    }
-    None
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let opts = ClientOptions {
-        connect_timeout: args.timeout,
-        command_timeout: args.timeout,
-        ..Default::default()
+    let cfg = WriterConfig {
+        sentinels: args.sentinels.clone(),
+        group: args.group.clone(),
+        interval: args.interval,
+        timeout: args.timeout,
+        prefix: args.prefix.clone(),
     };
-    let stop = async {
+    let duration = args.duration;
+    let stop = async move {
         use tokio::signal::unix::{SignalKind, signal};
+        let until = async {
+            match duration {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
         let (Ok(mut t), Ok(mut i)) = (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
         ) else {
-            return std::future::pending().await;
+            return until.await;
         };
-        tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
+        tokio::select! { _ = t.recv() => {}, _ = i.recv() => {}, _ = until => {} }
     };
-    tokio::pin!(stop);
-    let end = args.duration.map(|d| Instant::now() + d);
     let mut acked_out = args
         .acked_file
         .as_ref()
@@ -124,100 +88,48 @@ async fn main() -> std::process::ExitCode {
         .as_ref()
         .and_then(|p| std::fs::File::create(p).ok())
         .map(std::io::BufWriter::new);
-    let mut conn: Option<Connection> = None;
-    let mut master: Option<String> = None;
-    let mut errors: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut seq: u64 = 0;
-    let mut acked: u64 = 0;
-    let mut last_ack: Option<u64> = None;
-    let (mut gap_ms, mut gap_from, mut gap_to) = (0u64, 0u64, 0u64);
-    let mut masters_seen: Vec<String> = Vec::new();
-    let mut tick = tokio::time::interval(args.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = &mut stop => break,
-            _ = tick.tick() => {}
+    let verbose = args.verbose;
+    let sum = run_writer(&cfg, stop, |op| {
+        if op.is_ok()
+            && let (Some(f), Some(seq)) = (acked_out.as_mut(), op.seq)
+        {
+            let _ = writeln!(f, "{seq}");
         }
-        if end.is_some_and(|e| Instant::now() >= e) {
-            break;
+        if verbose && !op.is_ok() {
+            eprintln!(
+                "{} {} (seq {:?}) via {:?}",
+                op.unix_ms, op.outcome, op.seq, op.master
+            );
         }
-        if conn.is_none() {
-            master = resolve(&args, &opts).await;
-            if let Some(m) = &master {
-                if masters_seen.last() != Some(m) {
-                    masters_seen.push(m.clone());
-                }
-                match Connection::connect(m, &opts).await {
-                    Ok(c) => conn = Some(c),
-                    Err(e) => {
-                        *errors.entry(kind(&e)).or_default() += 1;
-                        if let Some(t) = timeline.as_mut() {
-                            let _ = writeln!(t, "{},{}", unix_ms(), kind(&e));
-                        }
-                        continue;
-                    }
-                }
-            } else {
-                *errors.entry("unresolved").or_default() += 1;
-                continue;
-            }
+        // Unresolved attempts never reached a server: the timeline lists
+        // what the servers answered, as it always has.
+        if op.outcome != "unresolved"
+            && let Some(t) = timeline.as_mut()
+        {
+            let _ = writeln!(t, "{},{}", op.unix_ms, op.outcome);
         }
-        let Some(c) = conn.as_mut() else { continue };
-        seq += 1;
-        let key = format!("{}:{seq}", args.prefix);
-        match c.call(["SET", key.as_str(), &seq.to_string()]).await {
-            Ok(_) => {
-                let now = unix_ms();
-                acked += 1;
-                if let Some(prev) = last_ack
-                    && now - prev > gap_ms
-                {
-                    gap_ms = now - prev;
-                    gap_from = prev;
-                    gap_to = now;
-                }
-                last_ack = Some(now);
-                if let Some(f) = acked_out.as_mut() {
-                    let _ = writeln!(f, "{seq}");
-                }
-                if let Some(t) = timeline.as_mut() {
-                    let _ = writeln!(t, "{now},ok");
-                }
-            }
-            Err(e) => {
-                let k = kind(&e);
-                if args.verbose {
-                    eprintln!("{} write {seq} to {:?}: {e}", unix_ms(), master);
-                }
-                *errors.entry(k).or_default() += 1;
-                if let Some(t) = timeline.as_mut() {
-                    let _ = writeln!(t, "{},{k}", unix_ms());
-                }
-                conn = None;
-            }
-        }
-    }
+    })
+    .await;
     if let Some(mut f) = acked_out {
         let _ = f.flush();
     }
     if let Some(mut t) = timeline {
         let _ = t.flush();
     }
-    let total_errors: u64 = errors.values().sum();
+    let total_errors = sum.errors_total();
     let summary = serde_json::json!({
-        "writes": seq,
-        "acked": acked,
-        "errors": errors,
+        "writes": sum.writes,
+        "acked": sum.acked,
+        "errors": sum.errors,
         "errors_total": total_errors,
-        "max_gap_ms": gap_ms,
-        "max_gap_from_unix_ms": gap_from,
-        "max_gap_to_unix_ms": gap_to,
-        "masters": masters_seen,
+        "max_gap_ms": sum.max_gap_ms,
+        "max_gap_from_unix_ms": sum.max_gap_from_unix_ms,
+        "max_gap_to_unix_ms": sum.max_gap_to_unix_ms,
+        "masters": sum.masters,
     });
     println!(
-        "writes {seq}, acknowledged {acked}, errors {total_errors} {:?}, longest gap between acknowledged writes {gap_ms} ms, masters {:?}",
-        errors, masters_seen
+        "writes {}, acknowledged {}, errors {total_errors} {:?}, longest gap between acknowledged writes {} ms, masters {:?}",
+        sum.writes, sum.acked, sum.errors, sum.max_gap_ms, sum.masters
     );
     if let Some(p) = &args.json
         && let Err(e) = std::fs::write(p, summary.to_string())

@@ -152,6 +152,10 @@ struct Group {
     last_tick: Instant,
     last_export: Instant,
     published_epoch: Option<u64>,
+    /// The last value of the quorum-reachable gauge, set only on change:
+    /// setting it on every tick cost a registry lookup per group 10 times
+    /// a second.
+    quorum_reachable: Option<bool>,
     reason: Option<String>,
 }
 
@@ -253,6 +257,7 @@ pub fn spawn(
         last_tick: now,
         last_export: now,
         published_epoch: None,
+        quorum_reachable: None,
         reason: None,
         cfg,
         ctx,
@@ -662,11 +667,11 @@ impl Group {
         };
         let reachable =
             self.reachable_daemons(now) >= self.ctx.majority().max(self.cfg.quorum as usize);
-        metrics::gauge!(m::QUORUM_REACHABLE, "group" => self.cfg.name.clone()).set(if reachable {
-            1.0
-        } else {
-            0.0
-        });
+        if self.quorum_reachable != Some(reachable) {
+            self.quorum_reachable = Some(reachable);
+            metrics::gauge!(m::QUORUM_REACHABLE, "group" => self.cfg.name.clone())
+                .set(if reachable { 1.0 } else { 0.0 });
+        }
     }
 
     fn reachable_daemons(&self, now: Instant) -> usize {
@@ -1619,12 +1624,15 @@ impl Group {
 
     fn publish_view(&self) {
         let now = Instant::now();
+        let no_info = InfoSnapshot::default();
         let since = |t: Option<Instant>| t.map(|t| ms(now.saturating_duration_since(t)));
         let mut instances: Vec<InstanceView> = self
             .instances
             .values()
             .map(|i| {
-                let info = i.info.clone().unwrap_or_default();
+                // Borrowed: cloning the whole snapshot per instance ten
+                // times a second showed up in profiles.
+                let info = i.info.as_ref().unwrap_or(&no_info);
                 InstanceView {
                     addr: i.addr.clone(),
                     is_master: i.addr == self.master,

@@ -1,0 +1,406 @@
+//! One topology for one run: a master and two replicas (redis-server, one
+//! loopback address each), watched by three redis-sentinel processes or by
+//! three picket daemons with the same settings.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use picket::resp::frame_text;
+use redis_protocol::resp2::types::BytesFrame;
+use serde::Serialize;
+
+use crate::procs::{Proc, cmd, free_port, info_field, pairs, wait_until};
+
+/// The group (master name) every run uses.
+pub const GROUP: &str = "cache";
+
+/// Which failover manager drives the topology.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Side {
+    /// Three picket daemons.
+    Picket,
+    /// Three redis-sentinel processes.
+    RedisSentinel,
+}
+
+impl Side {
+    /// Its name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Picket => "picket",
+            Side::RedisSentinel => "redis-sentinel",
+        }
+    }
+}
+
+/// Binaries and shared settings.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// `picket` binary.
+    pub picket: PathBuf,
+    /// `redis-sentinel` binary.
+    pub sentinel: PathBuf,
+    /// `redis-server` binary.
+    pub redis: PathBuf,
+    /// Directory for this benchmark's files.
+    pub work: PathBuf,
+    /// Sentinel's and picket's `failover-timeout`.
+    pub failover_timeout: Duration,
+}
+
+/// A running topology and its three managers.
+pub struct Cluster {
+    /// Who manages it.
+    pub side: Side,
+    /// redis-server processes: the initial master first.
+    pub redis: Vec<Proc>,
+    /// Their addresses (`ip:port`), same order.
+    pub addrs: Vec<String>,
+    /// The three managers.
+    pub managers: Vec<Proc>,
+    /// Their Sentinel-compatible API addresses.
+    pub api: Vec<String>,
+    /// picket only: their HTTP addresses.
+    pub http: Vec<String>,
+}
+
+/// The `redis-server` arguments of one server.
+pub fn redis_args(ip: &str, port: u16, dir: &Path, replica_of: Option<&str>) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--bind",
+        ip,
+        "--port",
+        &port.to_string(),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "no",
+        "--replica-announce-ip",
+        ip,
+        "--repl-diskless-sync-delay",
+        "0",
+        "--dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.push(dir.display().to_string());
+    if let Some(m) = replica_of {
+        let (h, p) = m.rsplit_once(':').unwrap_or((m, "6379"));
+        a.extend(["--replicaof".to_string(), h.to_string(), p.to_string()]);
+    }
+    a
+}
+
+fn sentinel_conf(
+    port: u16,
+    dir: &Path,
+    master: &str,
+    down_after: Duration,
+    ft: Duration,
+) -> String {
+    let (h, p) = master.rsplit_once(':').unwrap_or((master, "6379"));
+    format!(
+        "port {port}\nbind 127.0.0.1\nprotected-mode no\ndaemonize no\ndir {dir}\n\
+         sentinel announce-ip 127.0.0.1\n\
+         sentinel monitor {GROUP} {h} {p} 2\n\
+         sentinel down-after-milliseconds {GROUP} {da}\n\
+         sentinel failover-timeout {GROUP} {ft}\n\
+         sentinel parallel-syncs {GROUP} 1\n",
+        dir = dir.display(),
+        da = down_after.as_millis(),
+        ft = ft.as_millis(),
+    )
+}
+
+/// The TOML of daemon `i` of cluster `c`.
+fn picket_conf(i: usize, c: &Cluster, dir: &Path, down_after: Duration, ft: Duration) -> String {
+    let peers: Vec<String> = (0..c.api.len())
+        .filter(|j| *j != i)
+        .map(|j| format!("\"{}\"", c.api[j]))
+        .collect();
+    format!(
+        "[daemon]\nid = \"picket-{i}\"\nlisten = \"{listen}\"\nhttp_listen = \"{http}\"\n\
+         data_dir = \"{data}\"\npeers = [{peers}]\n\n\
+         [[group]]\nname = \"{GROUP}\"\nmaster = \"{master}\"\nquorum = 2\n\
+         down_after = \"{da}ms\"\nfailover_timeout = \"{ft}ms\"\nparallel_syncs = 1\n",
+        listen = c.api[i],
+        http = c.http[i],
+        master = c.addrs[0],
+        data = dir.join("data").display(),
+        peers = peers.join(", "),
+        da = down_after.as_millis(),
+        ft = ft.as_millis(),
+    )
+}
+
+/// Start the three redis-servers of run `run` and wait for both replicas'
+/// links. Addresses are 127.77.R.2-4 (R from the run number), so one
+/// address is one server and runs do not share addresses.
+pub async fn start_redis(
+    env: &Env,
+    dir: &Path,
+    run: usize,
+) -> anyhow::Result<(Vec<Proc>, Vec<String>)> {
+    let r = run % 250 + 1;
+    let ips: Vec<String> = (2..5).map(|d| format!("127.77.{r}.{d}")).collect();
+    let mut procs = Vec::new();
+    let mut addrs = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        let port = free_port(ip)?;
+        let d = dir.join(format!("redis-{i}"));
+        std::fs::create_dir_all(&d)?;
+        let args = redis_args(ip, port, &d, addrs.first().map(String::as_str));
+        procs.push(Proc::spawn(
+            &format!("redis {ip}"),
+            &env.redis,
+            &args,
+            &[],
+            &d.join("log"),
+        )?);
+        addrs.push(format!("{ip}:{port}"));
+    }
+    let master = addrs[0].clone();
+    wait_until(
+        "both replicas online",
+        Duration::from_secs(15),
+        Duration::from_millis(20),
+        || {
+            let m = master.clone();
+            async move {
+                let Ok(reply) = cmd(&m, &["INFO", "replication"], Duration::from_millis(500)).await
+                else {
+                    return false;
+                };
+                frame_text(&reply).is_some_and(|t| t.matches("state=online").count() == 2)
+            }
+        },
+    )
+    .await?;
+    Ok((procs, addrs))
+}
+
+impl Cluster {
+    /// Start a topology and its managers; wait until every manager knows the
+    /// master, both replicas and its two peers.
+    pub async fn start(
+        env: &Env,
+        side: Side,
+        down_after: Duration,
+        run: usize,
+    ) -> anyhow::Result<Cluster> {
+        let dir = env.work.join(format!("run-{run}-{}", side.name()));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::create_dir_all(&dir)?;
+        let (redis, addrs) = start_redis(env, &dir, run).await?;
+        let mut c = Cluster {
+            side,
+            redis,
+            addrs,
+            managers: Vec::new(),
+            api: Vec::new(),
+            http: Vec::new(),
+        };
+        let ports: Vec<u16> = (0..3)
+            .map(|_| free_port("127.0.0.1"))
+            .collect::<Result<_, _>>()?;
+        c.api = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        match side {
+            Side::RedisSentinel => {
+                for (i, port) in ports.iter().enumerate() {
+                    let d = dir.join(format!("sentinel-{i}"));
+                    std::fs::create_dir_all(&d)?;
+                    let conf = d.join("sentinel.conf");
+                    std::fs::write(
+                        &conf,
+                        sentinel_conf(*port, &d, &c.addrs[0], down_after, env.failover_timeout),
+                    )?;
+                    c.managers.push(Proc::spawn(
+                        &format!("redis-sentinel {i}"),
+                        &env.sentinel,
+                        &[conf.display().to_string()],
+                        &[],
+                        &d.join("log"),
+                    )?);
+                }
+            }
+            Side::Picket => {
+                c.http = (0..3)
+                    .map(|_| free_port("127.0.0.1").map(|p| format!("127.0.0.1:{p}")))
+                    .collect::<Result<_, _>>()?;
+                for i in 0..3 {
+                    let d = dir.join(format!("picket-{i}"));
+                    std::fs::create_dir_all(&d)?;
+                    let conf = d.join("picket.toml");
+                    std::fs::write(
+                        &conf,
+                        picket_conf(i, &c, &d, down_after, env.failover_timeout),
+                    )?;
+                    c.managers.push(Proc::spawn(
+                        &format!("picket {i}"),
+                        &env.picket,
+                        &["run".into(), "--config".into(), conf.display().to_string()],
+                        &[("RUST_LOG", "info")],
+                        &d.join("log"),
+                    )?);
+                }
+            }
+        }
+        c.wait_ready().await?;
+        Ok(c)
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        for i in 0..3 {
+            let r = match self.side {
+                Side::RedisSentinel => {
+                    let api = self.api[i].clone();
+                    wait_until(
+                        "sentinel to see 2 replicas and 2 sentinels",
+                        Duration::from_secs(20),
+                        Duration::from_millis(50),
+                        || {
+                            let api = api.clone();
+                            async move { sentinel_ready(&api).await }
+                        },
+                    )
+                    .await
+                }
+                Side::Picket => {
+                    let http = self.http[i].clone();
+                    wait_until(
+                        "picket to see 2 replicas and 2 peers",
+                        Duration::from_secs(20),
+                        Duration::from_millis(50),
+                        || {
+                            let http = http.clone();
+                            async move { picket_ready(&http).await }
+                        },
+                    )
+                    .await
+                }
+            };
+            if let Err(e) = r {
+                bail!(
+                    "{e}\n{} log:\n{}",
+                    self.managers[i].name,
+                    self.managers[i].log_tail(30)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The final config epoch of the group, per manager (None if unreadable).
+    pub async fn config_epochs(&self) -> Vec<Option<u64>> {
+        let mut out = Vec::new();
+        for i in 0..3 {
+            out.push(match self.side {
+                Side::RedisSentinel => cmd(
+                    &self.api[i],
+                    &["SENTINEL", "MASTER", GROUP],
+                    Duration::from_secs(1),
+                )
+                .await
+                .ok()
+                .and_then(|f| {
+                    pairs(&f)
+                        .into_iter()
+                        .find(|(k, _)| k == "config-epoch")
+                        .and_then(|(_, v)| v.parse().ok())
+                }),
+                Side::Picket => picket_status(&self.http[i])
+                    .await
+                    .and_then(|s| s["groups"][0]["config_epoch"].as_u64()),
+            });
+        }
+        out
+    }
+
+    /// Start a planned switchover on the first manager; returns its reply.
+    pub async fn switchover(&self) -> Result<BytesFrame, picket::resp::RespError> {
+        let args: &[&str] = match self.side {
+            Side::RedisSentinel => &["SENTINEL", "FAILOVER", GROUP],
+            Side::Picket => &["PICKET", "FAILOVER", GROUP],
+        };
+        cmd(&self.api[0], args, Duration::from_secs(30)).await
+    }
+}
+
+async fn sentinel_ready(api: &str) -> bool {
+    let t = Duration::from_millis(500);
+    let n = |f: Result<BytesFrame, _>| match f {
+        Ok(BytesFrame::Array(v)) => v.len(),
+        _ => 0,
+    };
+    n(cmd(api, &["SENTINEL", "REPLICAS", GROUP], t).await) == 2
+        && n(cmd(api, &["SENTINEL", "SENTINELS", GROUP], t).await) == 2
+}
+
+/// `/v1/status` of a picket daemon as JSON.
+pub async fn picket_status(http: &str) -> Option<serde_json::Value> {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .ok()?;
+    let r = client
+        .get(format!("http://{http}/v1/status"))
+        .send()
+        .await
+        .ok()?;
+    r.json().await.ok()
+}
+
+async fn picket_ready(http: &str) -> bool {
+    let Some(s) = picket_status(http).await else {
+        return false;
+    };
+    let g = &s["groups"][0];
+    let instances = g["instances"].as_array().map(|v| {
+        v.iter()
+            .filter(|i| i["connected"].as_bool() == Some(true) && i["up"].as_bool() == Some(true))
+            .count()
+    });
+    let peers = g["peers"].as_array().map(|v| {
+        v.iter()
+            .filter(|p| p["reachable"].as_bool() == Some(true))
+            .count()
+    });
+    instances == Some(3) && peers == Some(2)
+}
+
+/// Role of a server (`master` / `slave`), if it answers.
+pub async fn role(addr: &str) -> Option<String> {
+    info_field(addr, "replication", "role").await
+}
+
+/// Keys among `seqs` (`PREFIX:SEQ`) missing on `addr`.
+pub async fn missing_keys(addr: &str, prefix: &str, seqs: &[u64]) -> anyhow::Result<Vec<u64>> {
+    let mut c =
+        picket::resp::Connection::connect(addr, &crate::procs::opts(Duration::from_secs(5)))
+            .await
+            .with_context(|| format!("connect to final master {addr}"))?;
+    let mut missing = Vec::new();
+    for chunk in seqs.chunks(500) {
+        let mut args = vec!["MGET".to_string()];
+        args.extend(chunk.iter().map(|s| format!("{prefix}:{s}")));
+        let reply = c.call(&args).await.context("MGET on the final master")?;
+        let BytesFrame::Array(vals) = reply else {
+            bail!("MGET replied {reply:?}");
+        };
+        for (s, v) in chunk.iter().zip(vals.iter()) {
+            if matches!(v, BytesFrame::Null) {
+                missing.push(*s);
+            }
+        }
+    }
+    Ok(missing)
+}
