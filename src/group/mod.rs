@@ -73,6 +73,8 @@ pub struct GroupHandle {
 /// Internal results of spawned work.
 #[derive(Debug)]
 enum Internal {
+    /// The random delay before starting an election ran out.
+    ElectionTimer,
     Answer {
         peer: usize,
         epoch: u64,
@@ -107,6 +109,8 @@ struct Instance {
 struct PeerState {
     down: bool,
     answered_at: Option<Instant>,
+    /// The epoch of the question its last answer replied to.
+    answered_epoch: u64,
     leader: Option<String>,
     leader_epoch: u64,
 }
@@ -769,16 +773,25 @@ impl Group {
             let timeout = (self.cfg.down_after * 2)
                 .clamp(Duration::from_secs(1), Duration::from_secs(10))
                 .min(self.cfg.failover_timeout);
+            let split = self.election_split(el.epoch);
             if self.votes_for_me(el.epoch) >= self.votes_needed() {
                 self.won_election(now);
-            } else if now.duration_since(el.started) >= timeout {
+            } else if split || now.duration_since(el.started) >= timeout {
                 let el = self.election.take();
                 self.ctx.events.emit(
                     "-failover-abort-not-elected",
                     master_details(&self.cfg.name, &self.master),
                 );
-                metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => "lost").increment(1);
-                self.schedule_retry(now);
+                metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => if split { "split" } else { "lost" }).increment(1);
+                if split {
+                    // Nobody won: retry after a short random delay instead
+                    // of a whole failover_timeout.
+                    let spread = ms((self.cfg.ping_period() * 2).max(Duration::from_millis(300)));
+                    self.next_attempt =
+                        now + Duration::from_millis(rand::rng().random_range(0..=spread));
+                } else {
+                    self.schedule_retry(now);
+                }
                 if let Some(Election {
                     switchover_reply: Some(r),
                     ..
@@ -793,19 +806,46 @@ impl Group {
             self.election_delay_until = None;
             return;
         }
-        // A small random delay before starting, against split votes.
-        match self.election_delay_until {
-            None => {
-                let max = (self.cfg.ping_period() / 2).min(Duration::from_millis(50));
-                let d = rand::rng().random_range(0..=ms(max));
-                self.election_delay_until = Some(now + Duration::from_millis(d));
-            }
-            Some(t) if now >= t => {
-                self.election_delay_until = None;
-                self.start_election(now, Kind::Unplanned, None, None);
-            }
-            Some(_) => {}
+        // A random delay before starting, against split votes. It runs on
+        // its own timer: rounded to the group's tick, the daemons' delays
+        // all ended on the same tick and their votes split.
+        if self.election_delay_until.is_none() {
+            let max = (self.cfg.ping_period() / 2)
+                .clamp(Duration::from_millis(50), Duration::from_millis(150));
+            let d = Duration::from_millis(rand::rng().random_range(0..=ms(max)));
+            self.election_delay_until = Some(now + d);
+            let tx = self.internal_tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(d).await;
+                let _ = tx.send(Internal::ElectionTimer).await;
+            });
         }
+    }
+
+    /// Whether the election in `epoch` can no longer be won by anybody:
+    /// every peer answered for it and no candidate holds enough votes (each
+    /// daemon voted for itself, or the votes are spread). Then nobody is
+    /// failing over, and retrying soon is safe.
+    fn election_split(&self, epoch: u64) -> bool {
+        // Every peer answered this election with a vote in it (a peer that
+        // refused to vote, e.g. for a stale view, is not a split).
+        if self
+            .peers
+            .iter()
+            .any(|p| p.answered_epoch < epoch || p.leader_epoch != epoch || p.leader.is_none())
+        {
+            return false;
+        }
+        let mut tally: HashMap<&str, usize> = HashMap::new();
+        *tally.entry(self.ctx.id.as_str()).or_default() += 1;
+        for p in &self.peers {
+            if p.leader_epoch == epoch
+                && let Some(l) = p.leader.as_deref()
+            {
+                *tally.entry(l).or_default() += 1;
+            }
+        }
+        tally.values().all(|n| *n < self.votes_needed())
     }
 
     fn votes_needed(&self) -> usize {
@@ -1424,6 +1464,7 @@ impl Group {
                         self.ctx.peer_table.mark_seen(peer, at);
                         p.down = r.down;
                         p.answered_at = Some(at);
+                        p.answered_epoch = p.answered_epoch.max(epoch);
                         if r.leader.is_some() || r.leader_epoch >= p.leader_epoch {
                             p.leader = r.leader;
                             p.leader_epoch = r.leader_epoch;
@@ -1436,6 +1477,19 @@ impl Group {
                     Err(e) => {
                         tracing::debug!(group = %self.cfg.name, peer = %self.ctx.peers[peer].addr(), error = %e, "peer did not answer");
                     }
+                }
+            }
+            Internal::ElectionTimer => {
+                let tilt = self.ctx.tilt.active(now);
+                let ready = self.election_delay_until.is_some()
+                    && self.election.is_none()
+                    && self.failover.is_none()
+                    && !tilt
+                    && self.odown_since.is_some()
+                    && now >= self.next_attempt;
+                self.election_delay_until = None;
+                if ready {
+                    self.start_election(now, Kind::Unplanned, None, None);
                 }
             }
             Internal::Machine(epoch, input) => {
