@@ -125,6 +125,10 @@ struct Shared {
     /// Episodes of a file left behind the newest one (not a violation:
     /// reported as a finding).
     lagging_files: AtomicU64,
+    /// Invariant-4 scans of the advertised master that found it a master.
+    flush_checks: AtomicU64,
+    /// The newest epoch the EndpointSlice carried.
+    slice_epoch: Mutex<Option<u64>>,
     stop: AtomicBool,
     daemons: Mutex<Vec<DaemonState>>,
     /// Epochs that planned switchovers produced (they do not flush).
@@ -135,6 +139,28 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(seed: u64, flush: bool) -> Arc<Shared> {
+        Arc::new(Shared {
+            start: Instant::now(),
+            seed,
+            flush,
+            events: Mutex::new(Vec::new()),
+            violations: Mutex::new(Vec::new()),
+            reported: Mutex::new(HashSet::new()),
+            checks: AtomicU64::new(0),
+            faults: AtomicU64::new(0),
+            epochs_seen: AtomicU64::new(0),
+            lagging_files: AtomicU64::new(0),
+            flush_checks: AtomicU64::new(0),
+            slice_epoch: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            daemons: Mutex::new(vec![DaemonState::Up(Instant::now()); 3]),
+            planned: Mutex::new(BTreeSet::new()),
+            switching: AtomicBool::new(false),
+            acked: Mutex::new(Vec::new()),
+        })
+    }
+
     fn stamp(&self) -> String {
         format!("+{:9.3}s", self.start.elapsed().as_secs_f64())
     }
@@ -323,6 +349,31 @@ struct Checker {
 }
 
 impl Checker {
+    fn new(
+        shared: Arc<Shared>,
+        files: Vec<PathBuf>,
+        fake: Option<Arc<FakeKube>>,
+        nodes: Arc<Mutex<Vec<PicketNode>>>,
+        http: Vec<SocketAddr>,
+    ) -> Checker {
+        let n = files.len();
+        Checker {
+            shared,
+            files,
+            fake,
+            nodes,
+            health_fail_since: vec![None; http.len()],
+            http,
+            last_epoch: vec![None; n + 1],
+            epoch_master: BTreeMap::new(),
+            published: BTreeSet::new(),
+            replica_since: None,
+            behind_since: vec![None; n],
+            last_health: Instant::now(),
+            last_flush_check: Instant::now(),
+        }
+    }
+
     fn run(mut self) {
         while !self.shared.stopping() {
             self.check_once();
@@ -351,7 +402,12 @@ impl Checker {
         }
         if let Some(fake) = &self.fake {
             match read_slice(fake) {
-                Ok(a) => views.push(("endpointslice".into(), a)),
+                Ok(a) => {
+                    if let Some(a) = &a {
+                        *lock(&self.shared.slice_epoch) = Some(a.epoch);
+                    }
+                    views.push(("endpointslice".into(), a));
+                }
                 Err(e) => self.shared.violation("unreadable slice", e),
             }
         }
@@ -505,6 +561,7 @@ impl Checker {
         else {
             return;
         };
+        self.shared.flush_checks.fetch_add(1, Ordering::SeqCst);
         for k in keys {
             let Some(written_at) = k
                 .as_str()
@@ -1073,23 +1130,7 @@ fn run_chaos(flush: bool) {
     let sentinels: Vec<SocketAddr> = cluster.nodes.iter().map(|n| n.resp).collect();
     let nodes = Arc::new(Mutex::new(cluster.nodes));
 
-    let shared = Arc::new(Shared {
-        start: Instant::now(),
-        seed,
-        flush,
-        events: Mutex::new(Vec::new()),
-        violations: Mutex::new(Vec::new()),
-        reported: Mutex::new(HashSet::new()),
-        checks: AtomicU64::new(0),
-        faults: AtomicU64::new(0),
-        epochs_seen: AtomicU64::new(0),
-        lagging_files: AtomicU64::new(0),
-        stop: AtomicBool::new(false),
-        daemons: Mutex::new(vec![DaemonState::Up(Instant::now()); 3]),
-        planned: Mutex::new(BTreeSet::new()),
-        switching: AtomicBool::new(false),
-        acked: Mutex::new(Vec::new()),
-    });
+    let shared = Shared::new(seed, flush);
     shared.event(format!(
         "start: master {first_master}, replicas {:?}, mode {mode}",
         topo.replicas
@@ -1098,21 +1139,13 @@ fn run_chaos(flush: bool) {
             .collect::<Vec<_>>()
     ));
 
-    let checker = Checker {
-        shared: shared.clone(),
-        files: files.clone(),
-        fake: Some(fake.clone()),
-        nodes: nodes.clone(),
+    let checker = Checker::new(
+        shared.clone(),
+        files.clone(),
+        Some(fake.clone()),
+        nodes.clone(),
         http,
-        last_epoch: vec![None; files.len() + 1],
-        epoch_master: BTreeMap::new(),
-        published: BTreeSet::new(),
-        replica_since: None,
-        health_fail_since: vec![None; 3],
-        behind_since: vec![None; 3],
-        last_health: Instant::now(),
-        last_flush_check: Instant::now(),
-    };
+    );
     let threads = vec![
         std::thread::spawn(move || checker.run()),
         {
@@ -1162,7 +1195,7 @@ fn run_chaos(flush: bool) {
     let acked = lock(&shared.acked).len();
     eprintln!(
         "chaos: seed={seed} faults={} checks={} violations={} mode={mode} epochs={} \
-         switchovers={} switchover_writes_checked={} acked_writes={acked} lagging_files={}",
+         switchovers={} switchover_writes_checked={} acked_writes={acked} lagging_files={} flush_checks={} slice_epoch={:?}",
         shared.faults.load(Ordering::SeqCst),
         shared.checks.load(Ordering::SeqCst),
         violations.len(),
@@ -1170,6 +1203,8 @@ fn run_chaos(flush: bool) {
         chaos.switchovers,
         chaos.switchover_checked_writes,
         shared.lagging_files.load(Ordering::SeqCst),
+        shared.flush_checks.load(Ordering::SeqCst),
+        *lock(&shared.slice_epoch),
     );
     if !violations.is_empty() {
         let log = lock(&shared.events).join("\n");
@@ -1196,4 +1231,90 @@ fn chaos_invariants_hold_under_a_seeded_fault_schedule() {
 #[test]
 fn chaos_with_flush_on_failover_never_serves_pre_failover_data() {
     run_chaos(true);
+}
+
+/// The checker itself must be able to fail: feed it backends that break
+/// invariants 1 to 4 and expect each to be reported.
+#[test]
+fn the_checker_reports_synthetic_violations() {
+    let _serial = serial();
+    let topo = Topology::master_with_replicas(1);
+    let (m, r) = (topo.master.addr(), topo.replicas[0].addr());
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<PathBuf> = ["a.json", "b.json"]
+        .iter()
+        .map(|f| dir.path().join(f))
+        .collect();
+    let write = |i: usize, epoch: u64, master: SocketAddr| {
+        let doc = serde_json::json!({"group": GROUP, "epoch": epoch, "master": master.to_string()});
+        std::fs::write(&files[i], doc.to_string()).unwrap();
+    };
+    let shared = Shared::new(0, true);
+    let mut c = Checker::new(
+        shared.clone(),
+        files.clone(),
+        None,
+        Arc::new(Mutex::new(Vec::new())),
+        Vec::new(),
+    );
+    let found = |what: &str| lock(&shared.violations).iter().any(|v| v.contains(what));
+    let check = |c: &mut Checker| {
+        c.last_flush_check = Instant::now() - Duration::from_secs(1);
+        c.check_once();
+    };
+
+    // Healthy: both files name the master at epoch 1, whose marker is e:1.
+    assert!(topo.master.cmd(&["SET", "e:1", "1"]).unwrap().is_ok());
+    write(0, 1, m);
+    write(1, 1, m);
+    check(&mut c);
+    assert!(
+        lock(&shared.violations).is_empty(),
+        "{:?}",
+        lock(&shared.violations)
+    );
+    assert_eq!(shared.flush_checks.load(Ordering::SeqCst), 1);
+
+    // Invariant 4: an unplanned failover to epoch 2 (same server, for the
+    // test) that did not flush e:1.
+    write(0, 2, m);
+    check(&mut c);
+    assert!(found("invariant 4"), "{:?}", lock(&shared.violations));
+    // A planned switchover does not flush: what was written since the
+    // failover of epoch 2 may stay.
+    assert!(topo.master.cmd(&["DEL", "e:1"]).unwrap().as_int() == Some(1));
+    assert!(topo.master.cmd(&["SET", "e:2", "1"]).unwrap().is_ok());
+    lock(&shared.planned).insert(3);
+    write(0, 3, m);
+    write(1, 3, m);
+    let before = lock(&shared.violations).len();
+    check(&mut c);
+    assert_eq!(
+        lock(&shared.violations).len(),
+        before,
+        "{:?}",
+        lock(&shared.violations)
+    );
+
+    // Invariant 1: another master at epoch 3.
+    write(1, 3, r);
+    check(&mut c);
+    assert!(found("invariant 1"), "{:?}", lock(&shared.violations));
+
+    // Invariant 2: a file going back to epoch 2.
+    write(1, 2, m);
+    check(&mut c);
+    assert!(found("invariant 2"), "{:?}", lock(&shared.violations));
+
+    // Invariant 3: both files advertise the replica at epoch 4.
+    write(0, 4, r);
+    write(1, 4, r);
+    wait_for(
+        "invariant 3 to be reported",
+        Duration::from_secs(10),
+        || {
+            check(&mut c);
+            found("invariant 3")
+        },
+    );
 }
