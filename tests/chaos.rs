@@ -760,9 +760,10 @@ impl Chaos {
         self.proxies[i][j].as_ref().expect("no proxy to itself")
     }
 
-    /// Wait until the system has recovered: every daemon up and ready, the
-    /// files agreeing on one master that is a master, the other servers its
-    /// linked replicas. A daemon found dead (a reported crash) is restarted.
+    /// Wait until the system has recovered: every daemon up and ready and
+    /// agreeing on one master, the newest file and the EndpointSlice
+    /// advertising it, that server a master, the other servers its linked
+    /// replicas. A daemon found dead (a reported crash) is restarted.
     /// Not settling within [`SETTLE_BOUND`] is a liveness violation.
     fn settle(&mut self) -> Option<SocketAddr> {
         let deadline = Instant::now() + SETTLE_BOUND;
@@ -808,6 +809,19 @@ impl Chaos {
                 return Err(format!(
                     "daemons agree on {m} at epoch {epoch}, the newest file says {other:?}"
                 ));
+            }
+        }
+        // The best-effort slice catches up once the API is healthy again.
+        if let Some(fake) = &self.fake
+            && epoch > 0
+        {
+            let slice = read_slice(fake)?;
+            let want = Advert {
+                epoch,
+                master: Some(m.to_string()),
+            };
+            if slice.as_ref() != Some(&want) {
+                return Err(format!("the EndpointSlice says {slice:?}, not {want:?}"));
             }
         }
         if role_of(&m.to_string()).as_deref() != Some("master") {
