@@ -983,6 +983,11 @@ impl Chaos {
             std::thread::sleep(Duration::from_millis(50));
         };
         let Some((e1, new)) = done else {
+            // Whatever epochs it produced (an abort re-publishes the old
+            // master at the new epoch) did not flush anything.
+            if let Some((top, _)) = highest(&read_files(&self.files)) {
+                lock(&self.shared.planned).extend(e0 + 1..=top);
+            }
             self.shared.violation(
                 &format!("switchover {}", self.switchovers),
                 format!(
