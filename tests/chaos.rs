@@ -1057,6 +1057,23 @@ impl Chaos {
 // ---------------------------------------------------------------------------
 // Setup and run
 
+/// The checker and writer threads. Dropping it (also when the schedule
+/// panics) stops and joins them, so that they release the daemons and the
+/// daemons' drop guards run.
+struct Background {
+    shared: Arc<Shared>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
 fn run_chaos(flush: bool) {
     let _serial = serial();
     let seed = env_u64("PICKET_CHAOS_SEED", DEFAULT_SEED);
@@ -1165,17 +1182,20 @@ fn run_chaos(flush: bool) {
         nodes.clone(),
         http,
     );
-    let threads = vec![
-        std::thread::spawn(move || checker.run()),
-        {
-            let s = shared.clone();
-            std::thread::spawn(move || numbered_writer(s, sentinels))
-        },
-        {
-            let (s, f) = (shared.clone(), files.clone());
-            std::thread::spawn(move || marker_writer(s, f))
-        },
-    ];
+    let threads = Background {
+        shared: shared.clone(),
+        handles: vec![
+            std::thread::spawn(move || checker.run()),
+            {
+                let s = shared.clone();
+                std::thread::spawn(move || numbered_writer(s, sentinels))
+            },
+            {
+                let (s, f) = (shared.clone(), files.clone());
+                std::thread::spawn(move || marker_writer(s, f))
+            },
+        ],
+    };
 
     let Topology { master, replicas } = topo;
     let mut chaos = Chaos {
@@ -1205,10 +1225,7 @@ fn run_chaos(flush: bool) {
     }
     chaos.settle();
     shared.event("end of schedule");
-    shared.stop.store(true, Ordering::SeqCst);
-    for t in threads {
-        t.join().unwrap();
-    }
+    drop(threads);
 
     let violations = lock(&shared.violations).clone();
     let acked = lock(&shared.acked).len();
