@@ -1355,19 +1355,16 @@ fn the_checker_reports_synthetic_violations() {
     );
 }
 
-/// KNOWN BUG (found by the chaos test, `PICKET_CHAOS_SEED=42`, plain mode,
-/// at about 50 s): a master that comes back from a crash as a replica (here
-/// of its own replica, from a stale `replicaof` in its start-up arguments)
-/// before a failover completed is never failed over. picket keeps
-/// advertising it as the master although it reports `role:slave`, so no
-/// server accepts writes, for as long as nobody intervenes. Redis Sentinel
-/// marks such a master SDOWN once it has reported `role:slave` for
-/// `down-after + 2 * info period`, then fails over.
-///
-/// Ignored until that is fixed: `cargo test --test chaos -- --ignored known_bug`.
+/// Found by the chaos test (`PICKET_CHAOS_SEED=42`, plain mode, at about
+/// 50 s): a master that comes back from a crash as a replica (here of its own
+/// replica, from a stale `replicaof` in its start-up arguments) before a
+/// failover completed was never failed over: picket kept advertising it
+/// although it reported `role:slave`, so no server accepted writes. Like
+/// Redis Sentinel, picket now counts a master that has reported
+/// `role:slave` for longer than `down_after` + 2 INFO periods as SDOWN, and
+/// fails it over.
 #[test]
-#[ignore = "known bug: a master reporting role:slave is never failed over"]
-fn known_bug_a_master_back_as_a_replica_of_its_replica_is_failed_over() {
+fn a_master_back_as_a_replica_of_its_replica_is_failed_over() {
     let _serial = serial();
     let mut topo = Topology::master_with_replicas(2);
     let a = topo.master.addr();

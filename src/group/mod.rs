@@ -156,6 +156,8 @@ struct Group {
     last_tick: Instant,
     last_export: Instant,
     published_epoch: Option<u64>,
+    /// The master has reported `role:slave` for too long.
+    master_role_down: bool,
     /// The last value of the quorum-reachable gauge, set only on change:
     /// setting it on every tick cost a registry lookup per group 10 times
     /// a second.
@@ -261,6 +263,7 @@ pub fn spawn(
         last_tick: now,
         last_export: now,
         published_epoch: None,
+        master_role_down: false,
         quorum_reachable: None,
         reason: None,
         cfg,
@@ -517,6 +520,9 @@ impl Group {
                 self.on_sdown_transition(&a, t);
             }
         }
+        if !tilt {
+            self.update_master_role_down(now);
+        }
         let master_sdown = self.master_sdown();
         if master_sdown && !tilt && self.failover.is_none() {
             self.ask_peers(now, None, None);
@@ -550,9 +556,43 @@ impl Group {
     }
 
     fn master_sdown(&self) -> bool {
-        self.instances
-            .get(&self.master)
-            .is_some_and(|i| i.sdown.is_down())
+        self.master_role_down
+            || self
+                .instances
+                .get(&self.master)
+                .is_some_and(|i| i.sdown.is_down())
+    }
+
+    /// Sentinel's second SDOWN rule: the master answers, but has reported
+    /// `role:slave` for longer than `down_after` plus two INFO periods
+    /// (e.g. it came back with a stale `replicaof` and now replicates from
+    /// its own replica, so nothing is a master). Without it such a group
+    /// would stay masterless for ever.
+    fn update_master_role_down(&mut self, now: Instant) {
+        let grace = self.cfg.down_after + Duration::from_secs(2);
+        let down = self.instances.get(&self.master).is_some_and(|i| {
+            i.info.as_ref().is_some_and(|x| x.role == Role::Replica)
+                && i.role_changed_at
+                    .is_some_and(|t| now.saturating_duration_since(t) > grace)
+        });
+        if down != self.master_role_down {
+            self.master_role_down = down;
+            let details = master_details(&self.cfg.name, &self.master);
+            if down {
+                self.ctx
+                    .events
+                    .emit("+sdown", format!("{details} #reports role:slave"));
+            } else {
+                self.ctx.events.emit("-sdown", details);
+            }
+            metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone())
+                .set(if self.master_sdown() { 1.0 } else { 0.0 });
+            self.publish_view();
+            self.ctx.hello_now.notify_one();
+            if down {
+                self.last_ask = None;
+            }
+        }
     }
 
     fn answer_ttl(&self) -> Duration {
@@ -1221,6 +1261,7 @@ impl Group {
             self.intended = None;
         }
         self.odown_since = None;
+        self.master_role_down = false;
         metrics::gauge!(m::MASTER_ODOWN, "group" => self.cfg.name.clone()).set(0.0);
         if reporter == Reporter::Observer && old != master {
             self.last_failover = Some(LastFailover {
