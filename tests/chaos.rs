@@ -8,7 +8,7 @@
 //!   links go through [`FaultProxy`]s); SIGSTOP/SIGCONT of a daemon; a slow
 //!   or failing Kubernetes API (the fake of `tests/support`) during a master
 //!   kill; planned switchovers (`PICKET FAILOVER`) in calm moments.
-//! - Invariants (see `docs/reliability-chaos.md`): one master per epoch
+//! - Invariants (see `docs/reliability.md, "Chaos test"`): one master per epoch
 //!   across every backend; epochs never decrease in a backend; an advertised
 //!   master is not a replica for long; with `flush_on_failover`, nothing
 //!   written before an unplanned failover is readable through the master it
