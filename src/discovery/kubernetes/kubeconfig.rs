@@ -917,20 +917,35 @@ async fn run_exec(cfg: &ExecConfig, exec_info: &str) -> Result<ExecCredential, C
         return Err(fail(format!("exited with {}: {stderr}", out.status)));
     }
     // Never echo stdout: it holds the credential.
-    let raw: RawExecCredential = serde_json::from_slice(&out.stdout)
-        .map_err(|e| fail(format!("output is not an ExecCredential: {e}")))?;
+    let (material, expires) =
+        decode_exec_credential(&out.stdout, &cfg.api_version).map_err(fail)?;
+    Ok(ExecCredential { material, expires })
+}
+
+/// Decode an exec plugin's standard output (an `ExecCredential` object
+/// whose `apiVersion` must be `api_version`) into what the client presents
+/// and when that expires.
+///
+/// The client calls it after running the plugin; it is public so that the
+/// fuzz target `kube_json` can feed it arbitrary bytes.
+pub fn decode_exec_credential(
+    stdout: &[u8],
+    api_version: &str,
+) -> Result<(AuthMaterial, Option<SystemTime>), String> {
+    let raw: RawExecCredential = serde_json::from_slice(stdout)
+        .map_err(|e| format!("output is not an ExecCredential: {e}"))?;
     if raw.kind.as_deref() != Some("ExecCredential") {
-        return Err(fail("output kind is not ExecCredential".into()));
+        return Err("output kind is not ExecCredential".into());
     }
-    if raw.api_version.as_deref() != Some(cfg.api_version.as_str()) {
-        return Err(fail(format!(
-            "output apiVersion {:?} does not match the requested {}",
-            raw.api_version, cfg.api_version
-        )));
+    if raw.api_version.as_deref() != Some(api_version) {
+        return Err(format!(
+            "output apiVersion {:?} does not match the requested {api_version}",
+            raw.api_version
+        ));
     }
     let status = raw
         .status
-        .ok_or_else(|| fail("output has no status".into()))?;
+        .ok_or_else(|| "output has no status".to_string())?;
     let token = status
         .token
         .filter(|t| !t.is_empty())
@@ -942,26 +957,19 @@ async fn run_exec(cfg: &ExecConfig, exec_info: &str) -> Result<ExecCredential, C
         }),
         (None, None) => None,
         _ => {
-            return Err(fail(
-                "status has only one of clientCertificateData and clientKeyData".into(),
-            ));
+            return Err("status has only one of clientCertificateData and clientKeyData".into());
         }
     };
     if token.is_none() && identity.is_none() {
-        return Err(fail(
-            "status has neither token nor clientCertificateData/clientKeyData".into(),
-        ));
+        return Err("status has neither token nor clientCertificateData/clientKeyData".into());
     }
     let expires = match status.expiration_timestamp.as_deref() {
         None | Some("") => None,
-        Some(ts) => Some(
-            parse_timestamp(ts).ok_or_else(|| fail(format!("bad expirationTimestamp {ts:?}")))?,
-        ),
+        Some(ts) => {
+            Some(parse_timestamp(ts).ok_or_else(|| format!("bad expirationTimestamp {ts:?}"))?)
+        }
     };
-    Ok(ExecCredential {
-        material: AuthMaterial { token, identity },
-        expires,
-    })
+    Ok((AuthMaterial { token, identity }, expires))
 }
 
 /// RFC 3339 with `Z` or a numeric offset (`+02:00`).
