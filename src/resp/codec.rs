@@ -42,7 +42,13 @@ impl Decoder for RespCodec {
     type Error = RespError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<BytesFrame>, RespError> {
+        let buffered = src.len();
         match self.resp2.decode(src) {
+            // A frame that arrived whole is held to the cap too: otherwise
+            // the cap would depend on how the stream was split into reads.
+            Ok(Some(_)) if buffered - src.len() > self.max_frame => Err(RespError::FrameTooLarge {
+                limit: self.max_frame,
+            }),
             Ok(Some(frame)) => Ok(Some(frame)),
             Ok(None) if src.len() > self.max_frame => Err(RespError::FrameTooLarge {
                 limit: self.max_frame,
@@ -101,6 +107,25 @@ mod tests {
         assert!(matches!(
             c.decode(&mut buf),
             Err(RespError::FrameTooLarge { limit: 64 })
+        ));
+    }
+
+    #[test]
+    fn a_complete_frame_over_the_cap_is_refused() {
+        // Found by fuzz/fuzz_targets/resp_decode: a frame that arrived in
+        // one read passed the cap, the same bytes in two reads did not.
+        let frame = [&b"$40\r\n"[..], &[b'y'; 40], b"\r\n"].concat();
+        let mut c = RespCodec::new(16);
+        let mut whole = BytesMut::from(&frame[..]);
+        assert!(matches!(
+            c.decode(&mut whole),
+            Err(RespError::FrameTooLarge { limit: 16 })
+        ));
+        let mut c = RespCodec::new(frame.len());
+        let mut exact = BytesMut::from(&frame[..]);
+        assert!(matches!(
+            c.decode(&mut exact),
+            Ok(Some(BytesFrame::BulkString(_)))
         ));
     }
 
