@@ -977,16 +977,15 @@ pub(crate) fn parse_timestamp(ts: &str) -> Option<SystemTime> {
     if ts.ends_with('Z') || ts.ends_with('z') {
         return humantime::parse_rfc3339(&ts.replace('z', "Z")).ok();
     }
-    if ts.len() < 6 {
-        return None;
-    }
-    let (base, off) = ts.split_at(ts.len() - 6);
+    // The offset is the last 6 bytes; in text that is not a timestamp they
+    // may start inside a multi-byte character, so no plain split or slice.
+    let (base, off) = ts.split_at_checked(ts.len().checked_sub(6)?)?;
     let ob = off.as_bytes();
     if ob[3] != b':' || (ob[0] != b'+' && ob[0] != b'-') {
         return None;
     }
-    let hours: u64 = off[1..3].parse().ok()?;
-    let mins: u64 = off[4..6].parse().ok()?;
+    let hours: u64 = off.get(1..3)?.parse().ok()?;
+    let mins: u64 = off.get(4..6)?.parse().ok()?;
     let t = humantime::parse_rfc3339(&format!("{base}Z")).ok()?;
     let shift = Duration::from_secs(hours * 3600 + mins * 60);
     // Local time = UTC + offset, so UTC = local - offset.
@@ -1292,5 +1291,22 @@ contexts:
         assert!(parse_timestamp("2030-01-02T03:04:05.123Z").is_some());
         assert!(parse_timestamp("tomorrow").is_none());
         assert!(parse_timestamp("2030-01-02T03:04:05+0200").is_none());
+    }
+
+    #[test]
+    fn a_non_ascii_expiry_is_refused_not_a_panic() {
+        // Found by fuzz/fuzz_targets/kube_json: an exec plugin printing an
+        // expirationTimestamp whose last 6 bytes start inside a multi-byte
+        // character panicked the credential refresh (byte-index split).
+        assert_eq!(parse_timestamp("2030é00:00"), None);
+        assert_eq!(parse_timestamp("2030-01-02T05:04:05+0\u{e9}:00"), None);
+        assert_eq!(parse_timestamp("é"), None);
+        let out = r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential",
+            "status":{"token":"t","expirationTimestamp":"2030-01-02T05:04é00:00"}}"#;
+        let e = decode_exec_credential(out.as_bytes(), "client.authentication.k8s.io/v1");
+        assert!(
+            matches!(&e, Err(m) if m.contains("bad expirationTimestamp")),
+            "{e:?}"
+        );
     }
 }
