@@ -153,3 +153,4 @@ write("kube_json", "exec_credential_cert", json.dumps({"apiVersion": "client.aut
 kc = [t for t in raw_strings(os.path.join("src", "discovery", "kubernetes", "kubeconfig.rs")) if "clusters:" in t]
 for i, t in enumerate(kc):
     write("kube_json", "kubeconfig_%02d" % i, t)
+write("kube_json", "timestamp_offset", "2030-01-02T05:04:05+02:00")

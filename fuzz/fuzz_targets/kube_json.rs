@@ -4,7 +4,8 @@
 //! credential plugin output (`ExecCredential` JSON) and kubeconfig YAML
 //! (serde-saphyr). None of it may panic.
 //!
-//! Input: the same bytes are read as each of those (JSON is also YAML).
+//! Input: the same bytes are read as each of those (JSON is also YAML),
+//! and as the `expirationTimestamp` of an otherwise valid ExecCredential.
 #![no_main]
 
 use std::path::Path;
@@ -63,7 +64,15 @@ fuzz_target!(|data: &[u8]| {
         let _ = e.to_string();
     }
 
-    // An exec plugin's output.
+    // An exec plugin's output, and the input as the expiry of an
+    // otherwise valid one (a timestamp is rarely reached by mutating JSON).
+    let wrapped = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {"token": "t", "expirationTimestamp": text},
+    })
+    .to_string();
+    let _ = decode_exec_credential(wrapped.as_bytes(), "client.authentication.k8s.io/v1");
     for api in [
         "client.authentication.k8s.io/v1",
         "client.authentication.k8s.io/v1beta1",
