@@ -357,16 +357,12 @@ impl KubeClient {
         let path = kind.collection_path(ns);
         let query = label_selector.map(|s| ("labelSelector", s));
         let url = format!("{}{}", self.inner.server, path);
-        let mut list = self.send(Method::GET, &path, query, None).await?;
-        match list.get_mut("items").map(Value::take) {
-            Some(Value::Array(items)) => Ok(items),
-            Some(Value::Null) | None => Ok(Vec::new()),
-            Some(_) => Err(ClientError::Decode {
-                method: "GET".into(),
-                url,
-                message: "`items` is not a list".into(),
-            }),
-        }
+        let list = self.send(Method::GET, &path, query, None).await?;
+        list_items(list).map_err(|message| ClientError::Decode {
+            method: "GET".into(),
+            url,
+            message,
+        })
     }
 
     /// POST a new object.
@@ -564,6 +560,26 @@ struct StatusBody {
     kind: Option<String>,
     reason: Option<String>,
     message: Option<String>,
+}
+
+/// The `items` of a LIST answer: none when absent or null, an error when
+/// not a list. Public for the fuzz target `kube_json`.
+pub fn list_items(mut list: Value) -> Result<Vec<Value>, String> {
+    match list.get_mut("items").map(Value::take) {
+        Some(Value::Array(items)) => Ok(items),
+        Some(Value::Null) | None => Ok(Vec::new()),
+        Some(_) => Err("`items` is not a list".into()),
+    }
+}
+
+/// Decode the body of an error answer (normally a `Status` object) the way
+/// the client does for a request `method url` answered with `code`; `None`
+/// when `method` or `code` is not valid HTTP. Public for the fuzz target
+/// `kube_json`; the client calls the same decoder.
+pub fn decode_error_body(method: &str, url: &str, code: u16, text: &str) -> Option<ApiError> {
+    let method = Method::from_bytes(method.as_bytes()).ok()?;
+    let status = StatusCode::from_u16(code).ok()?;
+    Some(decode_status(&method, url, status, text))
 }
 
 fn decode_status(method: &Method, url: &str, status: StatusCode, text: &str) -> ApiError {

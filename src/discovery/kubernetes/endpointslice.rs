@@ -211,7 +211,7 @@ impl EndpointSliceWriter {
 }
 
 /// The slice's endpoints reduced to the fields picket sets.
-fn normalized_endpoints(slice: &Value) -> Value {
+pub fn normalized_endpoints(slice: &Value) -> Value {
     let eps = slice
         .get("endpoints")
         .and_then(Value::as_array)
@@ -235,7 +235,7 @@ fn normalized_endpoints(slice: &Value) -> Value {
 }
 
 /// The slice's ports reduced to the fields picket sets.
-fn normalized_ports(slice: &Value) -> Value {
+pub fn normalized_ports(slice: &Value) -> Value {
     let ports = slice
         .get("ports")
         .and_then(Value::as_array)

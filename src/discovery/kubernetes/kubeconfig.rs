@@ -917,20 +917,35 @@ async fn run_exec(cfg: &ExecConfig, exec_info: &str) -> Result<ExecCredential, C
         return Err(fail(format!("exited with {}: {stderr}", out.status)));
     }
     // Never echo stdout: it holds the credential.
-    let raw: RawExecCredential = serde_json::from_slice(&out.stdout)
-        .map_err(|e| fail(format!("output is not an ExecCredential: {e}")))?;
+    let (material, expires) =
+        decode_exec_credential(&out.stdout, &cfg.api_version).map_err(fail)?;
+    Ok(ExecCredential { material, expires })
+}
+
+/// Decode an exec plugin's standard output (an `ExecCredential` object
+/// whose `apiVersion` must be `api_version`) into what the client presents
+/// and when that expires.
+///
+/// The client calls it after running the plugin; it is public so that the
+/// fuzz target `kube_json` can feed it arbitrary bytes.
+pub fn decode_exec_credential(
+    stdout: &[u8],
+    api_version: &str,
+) -> Result<(AuthMaterial, Option<SystemTime>), String> {
+    let raw: RawExecCredential = serde_json::from_slice(stdout)
+        .map_err(|e| format!("output is not an ExecCredential: {e}"))?;
     if raw.kind.as_deref() != Some("ExecCredential") {
-        return Err(fail("output kind is not ExecCredential".into()));
+        return Err("output kind is not ExecCredential".into());
     }
-    if raw.api_version.as_deref() != Some(cfg.api_version.as_str()) {
-        return Err(fail(format!(
-            "output apiVersion {:?} does not match the requested {}",
-            raw.api_version, cfg.api_version
-        )));
+    if raw.api_version.as_deref() != Some(api_version) {
+        return Err(format!(
+            "output apiVersion {:?} does not match the requested {api_version}",
+            raw.api_version
+        ));
     }
     let status = raw
         .status
-        .ok_or_else(|| fail("output has no status".into()))?;
+        .ok_or_else(|| "output has no status".to_string())?;
     let token = status
         .token
         .filter(|t| !t.is_empty())
@@ -942,26 +957,19 @@ async fn run_exec(cfg: &ExecConfig, exec_info: &str) -> Result<ExecCredential, C
         }),
         (None, None) => None,
         _ => {
-            return Err(fail(
-                "status has only one of clientCertificateData and clientKeyData".into(),
-            ));
+            return Err("status has only one of clientCertificateData and clientKeyData".into());
         }
     };
     if token.is_none() && identity.is_none() {
-        return Err(fail(
-            "status has neither token nor clientCertificateData/clientKeyData".into(),
-        ));
+        return Err("status has neither token nor clientCertificateData/clientKeyData".into());
     }
     let expires = match status.expiration_timestamp.as_deref() {
         None | Some("") => None,
-        Some(ts) => Some(
-            parse_timestamp(ts).ok_or_else(|| fail(format!("bad expirationTimestamp {ts:?}")))?,
-        ),
+        Some(ts) => {
+            Some(parse_timestamp(ts).ok_or_else(|| format!("bad expirationTimestamp {ts:?}"))?)
+        }
     };
-    Ok(ExecCredential {
-        material: AuthMaterial { token, identity },
-        expires,
-    })
+    Ok((AuthMaterial { token, identity }, expires))
 }
 
 /// RFC 3339 with `Z` or a numeric offset (`+02:00`).
@@ -969,16 +977,15 @@ pub(crate) fn parse_timestamp(ts: &str) -> Option<SystemTime> {
     if ts.ends_with('Z') || ts.ends_with('z') {
         return humantime::parse_rfc3339(&ts.replace('z', "Z")).ok();
     }
-    if ts.len() < 6 {
-        return None;
-    }
-    let (base, off) = ts.split_at(ts.len() - 6);
+    // The offset is the last 6 bytes; in text that is not a timestamp they
+    // may start inside a multi-byte character, so no plain split or slice.
+    let (base, off) = ts.split_at_checked(ts.len().checked_sub(6)?)?;
     let ob = off.as_bytes();
     if ob[3] != b':' || (ob[0] != b'+' && ob[0] != b'-') {
         return None;
     }
-    let hours: u64 = off[1..3].parse().ok()?;
-    let mins: u64 = off[4..6].parse().ok()?;
+    let hours: u64 = off.get(1..3)?.parse().ok()?;
+    let mins: u64 = off.get(4..6)?.parse().ok()?;
     let t = humantime::parse_rfc3339(&format!("{base}Z")).ok()?;
     let shift = Duration::from_secs(hours * 3600 + mins * 60);
     // Local time = UTC + offset, so UTC = local - offset.
@@ -1284,5 +1291,22 @@ contexts:
         assert!(parse_timestamp("2030-01-02T03:04:05.123Z").is_some());
         assert!(parse_timestamp("tomorrow").is_none());
         assert!(parse_timestamp("2030-01-02T03:04:05+0200").is_none());
+    }
+
+    #[test]
+    fn a_non_ascii_expiry_is_refused_not_a_panic() {
+        // Found by fuzz/fuzz_targets/kube_json: an exec plugin printing an
+        // expirationTimestamp whose last 6 bytes start inside a multi-byte
+        // character panicked the credential refresh (byte-index split).
+        assert_eq!(parse_timestamp("2030é00:00"), None);
+        assert_eq!(parse_timestamp("2030-01-02T05:04:05+0\u{e9}:00"), None);
+        assert_eq!(parse_timestamp("é"), None);
+        let out = r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential",
+            "status":{"token":"t","expirationTimestamp":"2030-01-02T05:04é00:00"}}"#;
+        let e = decode_exec_credential(out.as_bytes(), "client.authentication.k8s.io/v1");
+        assert!(
+            matches!(&e, Err(m) if m.contains("bad expirationTimestamp")),
+            "{e:?}"
+        );
     }
 }

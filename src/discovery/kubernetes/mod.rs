@@ -166,7 +166,7 @@ impl Backend for KubernetesBackend {
 
 /// The epoch an object carries; `None` when it has none. An unparsable
 /// value counts as none (it is not an epoch picket wrote), with a warning.
-pub(crate) fn stored_epoch(obj: &Value) -> Option<u64> {
+pub fn stored_epoch(obj: &Value) -> Option<u64> {
     let raw = obj
         .pointer("/metadata/annotations")
         .and_then(|a| a.get(EPOCH_ANNOTATION))
@@ -186,7 +186,7 @@ pub(crate) fn stored_epoch(obj: &Value) -> Option<u64> {
 }
 
 /// `metadata.resourceVersion` (empty when absent).
-pub(crate) fn resource_version(obj: &Value) -> String {
+pub fn resource_version(obj: &Value) -> String {
     obj.pointer("/metadata/resourceVersion")
         .and_then(Value::as_str)
         .unwrap_or_default()
@@ -194,7 +194,7 @@ pub(crate) fn resource_version(obj: &Value) -> String {
 }
 
 /// `metadata.name` (empty when absent).
-pub(crate) fn object_name(obj: &Value) -> String {
+pub fn object_name(obj: &Value) -> String {
     obj.pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default()
@@ -202,14 +202,14 @@ pub(crate) fn object_name(obj: &Value) -> String {
 }
 
 /// One label's value.
-pub(crate) fn label<'v>(obj: &'v Value, key: &str) -> Option<&'v str> {
+pub fn label<'v>(obj: &'v Value, key: &str) -> Option<&'v str> {
     obj.pointer("/metadata/labels")
         .and_then(|l| l.get(key))
         .and_then(Value::as_str)
 }
 
 /// `Stale` when the object holds a higher epoch than `ours`.
-pub(crate) fn check_epoch(obj: &Value, ours: u64) -> Result<Option<u64>, DiscoveryError> {
+pub fn check_epoch(obj: &Value, ours: u64) -> Result<Option<u64>, DiscoveryError> {
     let stored = stored_epoch(obj);
     match stored {
         Some(s) if s > ours => Err(DiscoveryError::Stale { stored: s, ours }),

@@ -295,6 +295,18 @@ fn exposes_port(p: &Value, port: u16) -> bool {
         .any(|cp| cp.get("containerPort").and_then(Value::as_u64) == Some(u64::from(port)))
 }
 
+/// The name of the one pod among `pods` that is the instance `addr`, as
+/// `publish` picks the master's pod; `Err` with the names of the pods that
+/// share its IP when none or several match (empty when none has it).
+/// Public for the fuzz target `kube_json`.
+pub fn pod_name_of(pods: &[Value], addr: &Addr) -> Result<String, Vec<String>> {
+    match pods_of(pods, addr) {
+        Ok(m) => Ok(m.first().map(|p| object_name(p)).unwrap_or_default()),
+        Err(NoMatch::None) => Err(Vec::new()),
+        Err(NoMatch::Ambiguous(names)) => Err(names),
+    }
+}
+
 /// The pod(s) of an instance: by IP, then by container port when the IP is shared.
 fn pods_of<'p>(pods: &'p [Value], addr: &Addr) -> Result<Vec<&'p Value>, NoMatch> {
     let by_ip: Vec<&Value> = pods

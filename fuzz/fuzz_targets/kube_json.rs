@@ -1,0 +1,95 @@
+//! What picket decodes from the Kubernetes side
+//! (`picket::discovery::kubernetes`): API answers (a LIST's `items`, error
+//! `Status` bodies), the pod and EndpointSlice fields it reads, exec
+//! credential plugin output (`ExecCredential` JSON) and kubeconfig YAML
+//! (serde-saphyr). None of it may panic.
+//!
+//! Input: the same bytes are read as each of those (JSON is also YAML),
+//! and as the `expirationTimestamp` of an otherwise valid ExecCredential.
+#![no_main]
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use libfuzzer_sys::fuzz_target;
+use picket::addr::Addr;
+use picket::discovery::kubernetes::client::{decode_error_body, list_items};
+use picket::discovery::kubernetes::endpointslice::{normalized_endpoints, normalized_ports};
+use picket::discovery::kubernetes::kubeconfig::{ClusterConfig, decode_exec_credential};
+use picket::discovery::kubernetes::podlabels::pod_name_of;
+use picket::discovery::kubernetes::{
+    check_epoch, label, object_name, resource_version, stored_epoch,
+};
+use serde_json::Value;
+
+/// An empty directory: file paths in a fuzzed kubeconfig resolve there, so
+/// they name nothing (absolute paths are still read, as picket would).
+fn empty_dir() -> &'static Path {
+    static D: OnceLock<tempfile::TempDir> = OnceLock::new();
+    D.get_or_init(|| tempfile::tempdir().expect("tempdir"))
+        .path()
+}
+
+fn object(o: &Value) {
+    let _ = stored_epoch(o);
+    let _ = check_epoch(o, 7);
+    let _ = resource_version(o);
+    let _ = object_name(o);
+    let _ = label(o, "role");
+    let _ = normalized_endpoints(o);
+    let _ = normalized_ports(o);
+}
+
+fn text_of(data: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(data)
+}
+
+fuzz_target!(|data: &[u8]| {
+    // A successful answer: one object, or a list of them.
+    if let Ok(v) = serde_json::from_slice::<Value>(data) {
+        object(&v);
+        if let Ok(items) = list_items(v) {
+            items.iter().for_each(object);
+            for addr in [Addr::new("10.0.0.1", 6379), Addr::new("fd00::1", 6379)] {
+                let _ = pod_name_of(&items, &addr);
+            }
+        }
+    }
+
+    // An error answer.
+    let text = text_of(data);
+    for code in [401, 403, 404, 409, 422, 500] {
+        let e = decode_error_body("PATCH", "https://127.0.0.1:6443/api/v1/x", code, &text)
+            .expect("a valid method and code");
+        let _ = e.to_string();
+    }
+
+    // An exec plugin's output, and the input as the expiry of an
+    // otherwise valid one (a timestamp is rarely reached by mutating JSON).
+    let wrapped = serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "kind": "ExecCredential",
+        "status": {"token": "t", "expirationTimestamp": text},
+    })
+    .to_string();
+    let _ = decode_exec_credential(wrapped.as_bytes(), "client.authentication.k8s.io/v1");
+    for api in [
+        "client.authentication.k8s.io/v1",
+        "client.authentication.k8s.io/v1beta1",
+    ] {
+        if let Err(e) = decode_exec_credential(data, api) {
+            let _ = e.to_string();
+        }
+    }
+
+    // A kubeconfig.
+    match ClusterConfig::from_kubeconfig_str(&text, Path::new("fuzz.kubeconfig"), empty_dir(), None)
+    {
+        Ok(c) => {
+            let _ = format!("{c:?}");
+        }
+        Err(e) => {
+            let _ = e.to_string();
+        }
+    }
+});
