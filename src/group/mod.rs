@@ -158,6 +158,8 @@ struct Group {
     published_epoch: Option<u64>,
     /// The master has reported `role:slave` for too long.
     master_role_down: bool,
+    /// When the current master became the master in this daemon's view.
+    master_since: Instant,
     /// The last value of the quorum-reachable gauge, set only on change:
     /// setting it on every tick cost a registry lookup per group 10 times
     /// a second.
@@ -264,6 +266,7 @@ pub fn spawn(
         last_export: now,
         published_epoch: None,
         master_role_down: false,
+        master_since: now,
         quorum_reachable: None,
         reason: None,
         cfg,
@@ -570,9 +573,14 @@ impl Group {
     /// would stay masterless for ever.
     fn update_master_role_down(&mut self, now: Instant) {
         let grace = self.cfg.down_after + Duration::from_secs(2);
+        // Only INFO read since this instance became the master counts: the
+        // cached INFO of a just-promoted replica still says role:slave.
+        let since = self.master_since;
         let down = self.instances.get(&self.master).is_some_and(|i| {
             i.info.as_ref().is_some_and(|x| x.role == Role::Replica)
+                && i.info_at.is_some_and(|t| t > since)
                 && i.role_changed_at
+                    .map(|t| t.max(since))
                     .is_some_and(|t| now.saturating_duration_since(t) > grace)
         });
         if down != self.master_role_down {
@@ -1262,6 +1270,10 @@ impl Group {
         }
         self.odown_since = None;
         self.master_role_down = false;
+        if old != master {
+            self.master_since = Instant::now();
+            self.refresh_info(&master);
+        }
         metrics::gauge!(m::MASTER_ODOWN, "group" => self.cfg.name.clone()).set(0.0);
         if reporter == Reporter::Observer && old != master {
             self.last_failover = Some(LastFailover {
