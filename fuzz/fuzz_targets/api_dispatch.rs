@@ -9,7 +9,7 @@
 //! the dispatcher is.
 //!
 //! Each input is also matched, as a `SENTINEL RESET` pattern, against
-//! group names by `api::commands::glob_match` directly (see `NAMES`).
+//! group names by `api::pubsub::glob_match` directly (see `NAMES`).
 //!
 //! Input: bit 0 of byte 0 picks the daemon (0: no password, 1: password
 //! `fuzzpw`, so most commands need `AUTH fuzzpw` first); the rest is sent
@@ -142,7 +142,7 @@ fuzz_target!(|data: &[u8]| {
     // bulk string, which mutations rarely keep consistent.
     let pattern = String::from_utf8_lossy(input);
     for name in NAMES {
-        let _ = picket::api::commands::glob_match(&pattern, name);
+        let _ = picket::api::pubsub::glob_match(&pattern, name);
     }
     let w = world();
     let addr = if sel & 1 == 0 { w.open } else { w.locked };
