@@ -5,23 +5,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{PicketProcess, Reply, RespConn, Topology, free_port, wait_for};
 
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-}
-
 fn status(addr: &str) -> Option<serde_json::Value> {
-    serde_json::from_str(&http_get(addr, "/v1/status")?).ok()
+    let (_, body) = common::http_get(addr.parse().ok()?, "/v1/status").ok()?;
+    serde_json::from_str(&body).ok()
 }
 
 #[test]
@@ -131,5 +122,8 @@ failover_timeout = "5s"
         Some("slave"),
         "nothing was promoted"
     );
-    assert!(http_get(&http, "/healthz").is_some_and(|b| b.starts_with("ok")));
+    assert!(
+        common::http_get(http.parse().unwrap(), "/healthz")
+            .is_ok_and(|(code, b)| code == 200 && b.starts_with("ok"))
+    );
 }

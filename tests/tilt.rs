@@ -4,23 +4,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{PicketProcess, Topology, free_port, wait_for};
 
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    body.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-}
-
 fn status(addr: &str) -> Option<serde_json::Value> {
-    serde_json::from_str(&http_get(addr, "/v1/status")?).ok()
+    let (_, body) = common::http_get(addr.parse().ok()?, "/v1/status").ok()?;
+    serde_json::from_str(&body).ok()
 }
 
 #[test]
