@@ -186,7 +186,11 @@ async fn main() -> ExitCode {
         Command::Run { config } => run(config).await,
         Command::CheckConfig { config } => match load_or_exit(&config) {
             Ok(c) => {
-                print!("{}", c.summary());
+                let summary = c.summary();
+                print!("{summary}");
+                if !summary.ends_with('\n') {
+                    println!();
+                }
                 Ok(ExitCode::SUCCESS)
             }
             Err(code) => Ok(code),
