@@ -889,6 +889,31 @@ struct RawExecStatus {
     expiration_timestamp: Option<String>,
 }
 
+/// Describe why a plugin's output is not JSON of the right shape without
+/// quoting the output: serde_json's "invalid type: string \"...\"" and
+/// "invalid value" messages repeat the offending value, which may be the
+/// token itself, and this message is logged.
+fn exec_output_error(e: &serde_json::Error) -> String {
+    let message = e.to_string();
+    let quotes_input = [
+        "invalid type",
+        "invalid value",
+        "unknown variant",
+        "invalid length",
+    ]
+    .iter()
+    .any(|m| message.contains(m));
+    if quotes_input {
+        format!(
+            "output is not an ExecCredential: a value has the wrong type at line {} column {}",
+            e.line(),
+            e.column()
+        )
+    } else {
+        format!("output is not an ExecCredential: {message}")
+    }
+}
+
 async fn run_exec(cfg: &ExecConfig, exec_info: &str) -> Result<ExecCredential, CredentialError> {
     let command = cfg.command.display().to_string();
     let fail = |message: String| CredentialError::Exec {
@@ -932,8 +957,8 @@ pub fn decode_exec_credential(
     stdout: &[u8],
     api_version: &str,
 ) -> Result<(AuthMaterial, Option<SystemTime>), String> {
-    let raw: RawExecCredential = serde_json::from_slice(stdout)
-        .map_err(|e| format!("output is not an ExecCredential: {e}"))?;
+    let raw: RawExecCredential =
+        serde_json::from_slice(stdout).map_err(|e| exec_output_error(&e))?;
     if raw.kind.as_deref() != Some("ExecCredential") {
         return Err("output kind is not ExecCredential".into());
     }
@@ -1308,5 +1333,24 @@ contexts:
             matches!(&e, Err(m) if m.contains("bad expirationTimestamp")),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn a_malformed_credential_is_reported_without_quoting_the_token() {
+        // The error is logged; serde_json's own message for a value of the
+        // wrong type repeats the value, which here is the secret.
+        let v1 = "client.authentication.k8s.io/v1";
+        for out in [
+            r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":"s3cr3t-token"}"#,
+            r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":["s3cr3t-token"]}}"#,
+            r#"["s3cr3t-token"]"#,
+        ] {
+            let e = decode_exec_credential(out.as_bytes(), v1).expect_err(out);
+            assert!(!e.contains("s3cr3t"), "{e}");
+            assert!(e.contains("line 1 column"), "{e}");
+        }
+        // Messages that quote nothing keep serde_json's detail.
+        let e = decode_exec_credential(br#"{"kind":"ExecCredential""#, v1).expect_err("eof");
+        assert!(e.contains("EOF"), "{e}");
     }
 }
