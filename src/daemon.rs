@@ -330,7 +330,7 @@ impl Daemon {
 
     fn adopt_from_hello(&self, hello: &Hello) {
         if let Err(e) = self.ctx.state.observe_epoch(hello.current_epoch) {
-            tracing::warn!(error = %e, "cannot persist an observed epoch");
+            tracing::debug!(error = %e, "cannot persist an observed epoch");
         }
         let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
         for g in &hello.groups {

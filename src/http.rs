@@ -27,6 +27,10 @@ pub struct Status {
     pub current_epoch: u64,
     /// Stall protection active.
     pub tilt: bool,
+    /// Why the state file cannot be written (absent while it can); the
+    /// daemon neither votes nor starts elections meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_error: Option<String>,
     /// Seconds since start.
     pub uptime_secs: u64,
     /// Every group.
@@ -41,6 +45,7 @@ pub fn status(d: &Daemon) -> Status {
         announce: d.ctx.announce.clone(),
         current_epoch: d.ctx.state.current_epoch(),
         tilt: d.ctx.tilt.until().is_some_and(|u| now < u),
+        state_error: d.ctx.state.write_error(),
         uptime_secs: now.saturating_duration_since(d.started).as_secs(),
         groups: d.views().iter().map(|v| (**v).clone()).collect(),
     }
@@ -66,10 +71,18 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(d): State<Arc<Daemon>>) -> Response {
-    if d.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
+    if !d.ready.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+    } else if let Some(e) = d.ctx.state.write_error() {
+        // Alive, and still serving the current master, but not a full
+        // member of the quorum: it cannot vote.
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("state not writable: {e}\n"),
+        )
+            .into_response()
+    } else {
+        (StatusCode::OK, "ready\n").into_response()
     }
 }
 

@@ -51,6 +51,12 @@ pub const DISCOVERY_WRITES: &str = "picket_discovery_writes_total";
 /// Histogram `{backend}`: discovery write latency.
 pub const DISCOVERY_WRITE_DURATION: &str = "picket_discovery_write_duration_seconds";
 
+/// Gauge: 1 while `data_dir/state.json` can be written, 0 after a write
+/// failed (the daemon then neither votes nor starts elections).
+pub const STATE_WRITABLE: &str = "picket_state_writable";
+/// Counter: failed writes of the state file.
+pub const STATE_WRITE_ERRORS: &str = "picket_state_write_errors_total";
+
 /// Buckets for every `_seconds` histogram: from 100 µs to 30 s.
 pub const BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -93,6 +99,11 @@ pub fn describe() {
     describe_counter!(DEMOTIONS, "Returning old masters demoted");
     describe_gauge!(TILT, "1 while stall protection (TILT) is active");
     describe_counter!(TILTS, "Stalls of the daemon's own timer detected");
+    describe_gauge!(
+        STATE_WRITABLE,
+        "1 while the state file can be written; 0 after a write failed (no votes, no elections)"
+    );
+    describe_counter!(STATE_WRITE_ERRORS, "Failed writes of the state file");
     describe_gauge!(API_CLIENTS, "Connected clients on the RESP listener");
     describe_counter!(
         API_REJECTED,

@@ -35,6 +35,9 @@ pub fn render(v: &Value) -> String {
             ""
         }
     );
+    if let Some(e) = v["state_error"].as_str() {
+        let _ = writeln!(out, "STATE NOT WRITABLE (no votes, no elections): {e}");
+    }
     let empty = Vec::new();
     for g in v["groups"].as_array().unwrap_or(&empty) {
         let _ = writeln!(out);

@@ -1146,17 +1146,7 @@ fn run_chaos(flush: bool) {
                     .map(|p| p.addr().to_string())
                     .unwrap_or_default()
             };
-            let process = PicketProcess::start_with(
-                |dir| format!("{}{group}", plan.daemon_toml(i, &dir.join("data"), &peer)),
-                &[],
-                &[("RUST_LOG", "info")],
-            );
-            PicketNode {
-                id: plan.ids[i].clone(),
-                resp: plan.resp[i],
-                http: plan.http[i],
-                process,
-            }
+            plan.spawn_node(i, &group, &peer, None, &[])
         })
         .collect();
     let cluster = PicketCluster { nodes };

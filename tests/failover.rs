@@ -57,8 +57,7 @@ fn setup(replicas: usize, extra: &str) -> Setup {
     setup_with(Topology::master_with_replicas(replicas), 2, extra)
 }
 
-/// Wait until every daemon in `which` reports the same master, other than
-/// `old`, with the same config epoch; returns them.
+/// [`PicketCluster::wait_agreed_new_master`] for [`GROUP`].
 #[track_caller]
 fn wait_agreed_new_master(
     cluster: &PicketCluster,
@@ -66,33 +65,7 @@ fn wait_agreed_new_master(
     old: SocketAddr,
     timeout: Duration,
 ) -> (SocketAddr, u64) {
-    let mut agreed = None;
-    let deadline = Instant::now() + timeout;
-    loop {
-        let views: Vec<(Option<SocketAddr>, Option<u64>)> = which
-            .iter()
-            .map(|&i| {
-                let g = cluster.nodes[i].group(GROUP);
-                (sock(&g["master"]), g["config_epoch"].as_u64())
-            })
-            .collect();
-        if let Some((Some(m), Some(e))) = views.first().copied()
-            && m != old
-            && views.iter().all(|v| *v == (Some(m), Some(e)))
-        {
-            agreed = Some((m, e));
-        }
-        if agreed.is_some() || Instant::now() >= deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    agreed.unwrap_or_else(|| {
-        panic!(
-            "daemons {which:?} did not agree on a new master (old {old}) within {timeout:?}\n{}",
-            cluster.logs()
-        )
-    })
+    cluster.wait_agreed_new_master(GROUP, which, old, timeout)
 }
 
 /// The daemons that led a completed failover, by `last_failover.outcome`.

@@ -189,6 +189,7 @@ fn alert_rules_have_the_expected_shape_and_use_existing_metrics() {
         ),
         ("PicketStallProtection", "picket_tilt == 1"),
         ("PicketPeerDown", "picket_peer_up == 0"),
+        ("PicketStateNotWritable", "picket_state_writable == 0"),
     ];
     for (alert, needle) in required {
         let rule = by_name

@@ -156,6 +156,8 @@ struct Group {
     last_tick: Instant,
     last_export: Instant,
     published_epoch: Option<u64>,
+    /// The current config is served from memory only: persisting it failed.
+    config_unpersisted: bool,
     /// The master has reported `role:slave` for too long.
     master_role_down: bool,
     /// When the current master became the master in this daemon's view.
@@ -265,6 +267,7 @@ pub fn spawn(
         last_tick: now,
         last_export: now,
         published_epoch: None,
+        config_unpersisted: false,
         master_role_down: false,
         master_since: now,
         quorum_reachable: None,
@@ -540,6 +543,7 @@ impl Group {
         // at every tick: with a thousand instances the tick is hot.
         if now.saturating_duration_since(self.last_export) >= Duration::from_secs(1) {
             self.last_export = now;
+            self.retry_persist_config();
             for inst in self.instances.values() {
                 let labels = [
                     ("group", self.cfg.name.clone()),
@@ -1231,12 +1235,21 @@ impl Group {
     }
 
     /// Make `master` the group's master with `epoch` (persisted first).
+    ///
+    /// A config that cannot be persisted (full disk) is still served from
+    /// memory: it is the one a majority agreed on (this daemon's own
+    /// promotion, which its peers adopt and persist, or a peer's config
+    /// confirmed by the master's own role), and keeping the older one
+    /// would send clients to a master that is no longer one. Forgetting it
+    /// in a restart only makes this daemon stale until the next hello, like
+    /// a daemon that was partitioned during the failover. The write is
+    /// retried every second ([`Group::retry_persist_config`]).
     fn adopt_master(&mut self, master: Addr, epoch: u64, reporter: Reporter, from: Option<&str>) {
         if let Err(e) = self.ctx.state.set_config(&self.cfg.name, epoch, &master) {
-            // Never advertise what is not durable: peers would learn a
-            // config this daemon may forget.
-            tracing::error!(group = %self.cfg.name, error = %e, "cannot persist the new master");
-            return;
+            tracing::error!(group = %self.cfg.name, error = %e, %master, epoch, "cannot persist the new master; serving it from memory and retrying");
+            self.config_unpersisted = true;
+        } else {
+            self.config_unpersisted = false;
         }
         // Every caller publishes the adopted config right after.
         self.published_epoch = Some(epoch);
@@ -1287,6 +1300,27 @@ impl Group {
         }
         self.ctx.hello_now.notify_one();
         self.publish_view();
+    }
+
+    /// Persist a config that [`Group::adopt_master`] could only apply in
+    /// memory, once the state file can be written again.
+    fn retry_persist_config(&mut self) {
+        if !self.config_unpersisted {
+            return;
+        }
+        match self
+            .ctx
+            .state
+            .set_config(&self.cfg.name, self.config_epoch, &self.master)
+        {
+            Ok(_) => {
+                tracing::info!(group = %self.cfg.name, master = %self.master, epoch = self.config_epoch, "the current master is persisted");
+                self.config_unpersisted = false;
+            }
+            Err(e) => {
+                tracing::debug!(group = %self.cfg.name, error = %e, "still cannot persist the current master")
+            }
+        }
     }
 
     /// `old` when the master is no longer `old` (the `from` of a
@@ -1717,7 +1751,7 @@ impl Group {
         } else if q.epoch > 0
             && let Err(e) = self.ctx.state.observe_epoch(q.epoch)
         {
-            tracing::warn!(error = %e, "cannot persist the observed epoch");
+            tracing::debug!(error = %e, "cannot persist the observed epoch");
         }
         let rec = self.ctx.state.group(&self.cfg.name);
         Ok(IsDownReply {

@@ -6,6 +6,11 @@
 //! in memory, so nothing that depends on it (a vote reply, a hello) can
 //! go out before it is durable (invariant 1). A file that cannot be read
 //! or parsed stops the daemon: resetting it could mean voting twice.
+//!
+//! A write that fails later (a full disk, a read-only remount) is not fatal:
+//! the change is refused, so the daemon neither votes nor starts elections
+//! until a write succeeds again, and the failure is reported
+//! ([`StateStore::write_error`], `picket_state_writable`, `/readyz`).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
@@ -16,6 +21,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::addr::Addr;
+use crate::metrics as m;
 
 /// File name inside `data_dir`.
 pub const STATE_FILE: &str = "state.json";
@@ -116,6 +122,8 @@ pub struct StateStore {
     path: PathBuf,
     dir: PathBuf,
     state: Mutex<PersistedState>,
+    /// The last write's error, while writes fail.
+    write_error: Mutex<Option<String>>,
 }
 
 fn new_daemon_id() -> String {
@@ -172,6 +180,7 @@ impl StateStore {
                     path,
                     dir: dir.to_path_buf(),
                     state: Mutex::new(state),
+                    write_error: Mutex::new(None),
                 }
             }
             None => {
@@ -187,6 +196,7 @@ impl StateStore {
                     path,
                     dir: dir.to_path_buf(),
                     state: Mutex::new(state.clone()),
+                    write_error: Mutex::new(None),
                 };
                 store.write(&state)?;
                 store
@@ -194,6 +204,7 @@ impl StateStore {
         };
         // Leftovers of a write interrupted before its rename.
         let _ = fs::remove_file(store.tmp_path());
+        metrics::gauge!(m::STATE_WRITABLE).set(1.0);
         Ok(store)
     }
 
@@ -205,6 +216,37 @@ impl StateStore {
         // Updates are applied only after a successful write, so a panic
         // while holding the lock cannot leave a half-applied state.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Why the last write of the state failed, while writes keep failing
+    /// (None once one succeeds).
+    pub fn write_error(&self) -> Option<String> {
+        self.write_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Record the outcome of a write; log only the transitions, because
+    /// every hello and vote request retries while the disk is full.
+    fn note_write(&self, result: &Result<(), StateError>) {
+        let mut last = self.write_error.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(()) => {
+                if last.take().is_some() {
+                    tracing::info!(path = %self.path.display(), "the state file is writable again; voting and elections resume");
+                    metrics::gauge!(m::STATE_WRITABLE).set(1.0);
+                }
+            }
+            Err(e) => {
+                metrics::counter!(m::STATE_WRITE_ERRORS).increment(1);
+                if last.is_none() {
+                    tracing::error!(error = %e, "cannot write the state file; this daemon neither votes nor starts elections until it can");
+                    metrics::gauge!(m::STATE_WRITABLE).set(0.0);
+                }
+                *last = Some(e.to_string());
+            }
+        }
     }
 
     /// A copy of the current state.
@@ -237,7 +279,14 @@ impl StateStore {
         let mut next = guard.clone();
         let (r, changed) = f(&mut next);
         if changed && next != *guard {
-            self.write(&next)?;
+            let written = self.write(&next);
+            if written.is_err() {
+                // A partial temporary file would only hold on to the space
+                // that the next attempt needs.
+                let _ = fs::remove_file(self.tmp_path());
+            }
+            self.note_write(&written);
+            written?;
             *guard = next;
         }
         Ok(r)

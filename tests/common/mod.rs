@@ -772,6 +772,9 @@ pub struct PicketProcess {
     child: Option<Child>,
     extra_args: Vec<String>,
     envs: Vec<(String, String)>,
+    /// A command that runs picket (`wrapper... picket run ...`), e.g. to
+    /// start it in its own mount namespace.
+    wrapper: Vec<String>,
 }
 
 impl PicketProcess {
@@ -790,6 +793,19 @@ impl PicketProcess {
         extra_args: &[&str],
         envs: &[(&str, &str)],
     ) -> PicketProcess {
+        Self::start_wrapped(config, &[], extra_args, envs)
+    }
+
+    /// [`PicketProcess::start_with`], with picket started through
+    /// `wrapper` (its arguments, then picket's path and arguments). The
+    /// wrapper must exec picket, so that the PID stays picket's.
+    #[track_caller]
+    pub fn start_wrapped(
+        config: impl FnOnce(&Path) -> String,
+        wrapper: &[&str],
+        extra_args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> PicketProcess {
         let dir = tempfile::Builder::new()
             .prefix("picket-run-")
             .tempdir()
@@ -805,6 +821,7 @@ impl PicketProcess {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            wrapper: wrapper.iter().map(|a| (*a).to_owned()).collect(),
         };
         p.spawn();
         p
@@ -820,7 +837,16 @@ impl PicketProcess {
                 .unwrap_or_else(|e| panic!("open {name}: {e}"))
         };
         let (stdout, stderr) = (open("stdout.log"), open("stderr.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_picket"))
+        let picket = env!("CARGO_BIN_EXE_picket");
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(picket);
+                c
+            }
+            None => Command::new(picket),
+        };
+        let child = cmd
             .arg("run")
             .arg("--config")
             .arg(self.config_path())
@@ -1117,23 +1143,43 @@ impl ClusterPlan {
         peer: impl Fn(usize, usize) -> String,
     ) -> PicketCluster {
         let nodes = (0..self.ids.len())
-            .map(|i| {
-                let process = PicketProcess::start_with(
-                    |dir| format!("{}{groups}", self.daemon_toml(i, &dir.join("data"), &peer)),
-                    &[],
-                    &[("RUST_LOG", "info")],
-                );
-                PicketNode {
-                    id: self.ids[i].clone(),
-                    resp: self.resp[i],
-                    http: self.http[i],
-                    process,
-                }
-            })
+            .map(|i| self.spawn_node(i, groups, &peer, None, &[]))
             .collect();
         let cluster = PicketCluster { nodes };
         cluster.wait_ready(READY_TIMEOUT);
         cluster
+    }
+}
+
+impl ClusterPlan {
+    /// Start daemon `i` alone (logging at info) with `groups`, reaching
+    /// daemon `j` at `peer(i, j)`, its state in `data_dir` (default: `data`
+    /// in its own directory), started through `wrapper` (see
+    /// [`PicketProcess::start_wrapped`]; empty: directly).
+    #[track_caller]
+    pub fn spawn_node(
+        &self,
+        i: usize,
+        groups: &str,
+        peer: &dyn Fn(usize, usize) -> String,
+        data_dir: Option<&Path>,
+        wrapper: &[&str],
+    ) -> PicketNode {
+        let process = PicketProcess::start_wrapped(
+            |dir| {
+                let data = data_dir.map_or_else(|| dir.join("data"), Path::to_path_buf);
+                format!("{}{groups}", self.daemon_toml(i, &data, peer))
+            },
+            wrapper,
+            &[],
+            &[("RUST_LOG", "info")],
+        );
+        PicketNode {
+            id: self.ids[i].clone(),
+            resp: self.resp[i],
+            http: self.http[i],
+            process,
+        }
     }
 }
 
@@ -1247,6 +1293,46 @@ pub struct PicketCluster {
 }
 
 impl PicketCluster {
+    /// Wait until every daemon in `which` reports the same master of
+    /// `group`, other than `old`, with the same config epoch; returns them.
+    #[track_caller]
+    pub fn wait_agreed_new_master(
+        &self,
+        group: &str,
+        which: &[usize],
+        old: SocketAddr,
+        timeout: Duration,
+    ) -> (SocketAddr, u64) {
+        let sock = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse::<SocketAddr>().ok());
+        let mut agreed = None;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let views: Vec<(Option<SocketAddr>, Option<u64>)> = which
+                .iter()
+                .map(|&i| {
+                    let g = self.nodes[i].group(group);
+                    (sock(&g["master"]), g["config_epoch"].as_u64())
+                })
+                .collect();
+            if let Some((Some(m), Some(e))) = views.first().copied()
+                && m != old
+                && views.iter().all(|v| *v == (Some(m), Some(e)))
+            {
+                agreed = Some((m, e));
+            }
+            if agreed.is_some() || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+        agreed.unwrap_or_else(|| {
+            panic!(
+                "daemons {which:?} did not agree on a new master of {group} (old {old}) within {timeout:?}\n{}",
+                self.logs()
+            )
+        })
+    }
+
     /// Wait until every running daemon answers `/readyz`.
     #[track_caller]
     pub fn wait_ready(&self, timeout: Duration) {
