@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use fake_kube::{DEFAULT_TOKEN, FakeKind, FakeKube, LoggedRequest, unrelated_ca_pem};
+use fake_kube::{DEFAULT_TOKEN, FakeKind, FakeKube, GARBAGE, LoggedRequest, unrelated_ca_pem};
 use picket::addr::Addr;
 use picket::config::{KubernetesConfig, KubernetesMode};
 use picket::discovery::kubernetes::client::{Kind, KubeClient, PatchType, RetryPolicy};
@@ -583,14 +583,11 @@ async fn server_error_storm_then_success() {
     assert!(r[4].at.duration_since(r[0].at) >= Duration::from_millis(20 + 40 + 80) / 2);
 }
 
-#[tokio::test]
-async fn server_errors_beyond_the_budget_are_transient() {
-    let fake = FakeKube::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN);
-    let c = cfg(&path, KubernetesMode::Endpointslice);
+/// A backend whose client gives up retrying after 500 ms.
+fn backend_with_short_budget(path: &Path, mode: KubernetesMode) -> KubernetesBackend {
+    let c = cfg(path, mode);
     let client = KubeClient::new(
-        ClusterConfig::from_kubeconfig(&path, None).unwrap(),
+        ClusterConfig::from_kubeconfig(path, None).unwrap(),
         c.timeout,
     )
     .unwrap()
@@ -598,15 +595,21 @@ async fn server_errors_beyond_the_budget_are_transient() {
         budget: Duration::from_millis(500),
         ..fast_retry()
     });
-    let b = KubernetesBackend::with_client(&c, client).unwrap();
-    fake.fail_next(1000, 500);
+    KubernetesBackend::with_client(&c, client).unwrap()
+}
+
+/// Publishing `t` through `b` fails with a transient error that names
+/// `needle`, after several attempts, within the short budget.
+async fn assert_gives_up_within_budget(
+    b: &KubernetesBackend,
+    fake: &FakeKube,
+    t: Topology,
+    needle: &str,
+) {
     let started = std::time::Instant::now();
-    let e = b
-        .publish(&topo(1, "10.0.0.1:6379", None))
-        .await
-        .unwrap_err();
+    let e = b.publish(&t).await.unwrap_err();
     assert!(
-        matches!(&e, DiscoveryError::Transient(m) if m.contains("500")),
+        matches!(&e, DiscoveryError::Transient(m) if m.contains(needle)),
         "{e:?}"
     );
     assert!(
@@ -614,6 +617,16 @@ async fn server_errors_beyond_the_budget_are_transient() {
         "the budget bounds the call"
     );
     assert!(fake.requests().len() >= 3, "it retried");
+}
+
+#[tokio::test]
+async fn server_errors_beyond_the_budget_are_transient() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN);
+    let b = backend_with_short_budget(&path, KubernetesMode::Endpointslice);
+    fake.fail_next(1000, 500);
+    assert_gives_up_within_budget(&b, &fake, topo(1, "10.0.0.1:6379", None), "500").await;
 }
 
 #[tokio::test]
@@ -660,6 +673,76 @@ async fn timeout_is_retried() {
         gap >= Duration::from_millis(300) && gap < Duration::from_millis(2500),
         "{gap:?}"
     );
+}
+
+/// An API server (or a proxy in front of it) answering `200 OK` with bodies
+/// that are not the JSON asked for: each is a retried error, the write lands
+/// right once the garbage stops, and garbage without end is bounded by the
+/// retry budget and named in the error, with nothing written meanwhile.
+#[tokio::test]
+async fn garbage_answers_are_retried_and_bounded() {
+    for mode in [KubernetesMode::Endpointslice, KubernetesMode::PodLabels] {
+        let fake = FakeKube::start().await;
+        seed_pods(&fake);
+        let dir = tempfile::tempdir().unwrap();
+        let path = token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN);
+        let b = backend_from(&path, mode);
+        fake.garbage_next(GARBAGE.len());
+        b.publish(&topo(3, "10.0.0.2:6379", Some("10.0.0.1:6379")))
+            .await
+            .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+        let served: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
+        assert_eq!(
+            served
+                .iter()
+                .take(GARBAGE.len())
+                .filter(|s| **s == 200)
+                .count(),
+            GARBAGE.len(),
+            "{mode:?}: every garbage answer was read: {served:?}"
+        );
+        match mode {
+            KubernetesMode::Endpointslice => {
+                let s = slice(&fake);
+                assert_eq!(epoch_of(&s), Some("3"));
+                assert_eq!(s["endpoints"][0]["addresses"], json!(["10.0.0.2"]));
+            }
+            KubernetesMode::PodLabels => {
+                assert_eq!(role(&fake, "cache-1").as_deref(), Some("master"));
+                assert_eq!(role(&fake, "cache-0").as_deref(), Some("replica"));
+                assert_eq!(role(&fake, "cache-2").as_deref(), Some("replica"));
+            }
+        }
+
+        // Garbage without end: a transient error within the budget.
+        let b = backend_with_short_budget(&path, mode);
+        fake.clear_requests();
+        fake.garbage_next(100_000);
+        assert_gives_up_within_budget(
+            &b,
+            &fake,
+            topo(4, "10.0.0.3:6379", Some("10.0.0.2:6379")),
+            "undecodable response",
+        )
+        .await;
+        assert!(
+            fake.writes().iter().all(|w| w.status == 200),
+            "{mode:?}: only garbage was answered"
+        );
+        fake.garbage_next(0);
+        match mode {
+            KubernetesMode::Endpointslice => {
+                assert_eq!(epoch_of(&slice(&fake)), Some("3"), "nothing applied")
+            }
+            KubernetesMode::PodLabels => {
+                assert_eq!(
+                    role(&fake, "cache-1").as_deref(),
+                    Some("master"),
+                    "nothing applied"
+                )
+            }
+        }
+    }
 }
 
 #[tokio::test]

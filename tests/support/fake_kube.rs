@@ -17,7 +17,8 @@
 //!   `addressType` of a slice is immutable (422);
 //! - faults: latency, slow requests, 429 with `Retry-After`, 5xx for the next
 //!   N requests, "another writer" touching an object just before the next
-//!   writes (so a conditional write meets a real 409);
+//!   writes (so a conditional write meets a real 409), 200 answers whose
+//!   body is garbage (truncated JSON, HTML, JSON of the wrong shape);
 //! - a request log (method, path, query, content type, body, status, time);
 //! - a hook run on every request as it arrives, before it is answered (a
 //!   test can look at the world at the exact moment of a write);
@@ -126,6 +127,7 @@ struct State {
     latency: Duration,
     slow_next: Vec<Duration>,
     fail_next: Vec<u16>,
+    garbage_next: Vec<&'static str>,
     throttle_next: Vec<u64>,
     conflict_next_writes: usize,
     log: Vec<LoggedRequest>,
@@ -373,6 +375,13 @@ impl FakeKube {
         self.st().fail_next = vec![code; n];
     }
 
+    /// Answer the next `n` requests `200 OK` with a body that is not what
+    /// the request asks for, taking [`GARBAGE`] in turn (nothing is
+    /// applied).
+    pub fn garbage_next(&self, n: usize) {
+        self.st().garbage_next = (0..n).map(|i| GARBAGE[i % GARBAGE.len()]).collect();
+    }
+
     /// Answer 429 with `Retry-After: secs` to the next `n` requests.
     pub fn throttle_next(&self, n: usize, secs: u64) {
         self.st().throttle_next = vec![secs; n];
@@ -472,6 +481,17 @@ impl FakeKube {
 // ---- request handling ----
 
 type Resp = Response<Full<Bytes>>;
+
+/// The bodies of [`FakeKube::garbage_next`]: what a broken proxy, a
+/// truncated transfer or a wrong server in front of the API could send.
+pub const GARBAGE: &[&str] = &[
+    "{\"kind\":\"EndpointSlice\",\"metadata\":{\"name\":",
+    "<html><body><h1>502 Bad Gateway</h1></body></html>",
+    "{\"kind\":\"PodList\",\"items\":\"not a list\"}",
+    "[1,2,3]",
+    "{\"metadata\":{\"resourceVersion\":17,\"annotations\":[\"x\"]},\"endpoints\":{}}",
+    "\u{0}\u{1}\u{ff}garbage",
+];
 
 fn respond(code: u16, body: &Value) -> Resp {
     Response::builder()
@@ -596,6 +616,14 @@ fn route(
         r.headers_mut()
             .insert("retry-after", secs.to_string().parse().unwrap());
         return r;
+    }
+    if !st.garbage_next.is_empty() {
+        let body = st.garbage_next.remove(0);
+        return Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
     }
     if !st.fail_next.is_empty() {
         let code = st.fail_next.remove(0);

@@ -330,7 +330,8 @@ impl KubeClient {
     /// GET one object.
     pub async fn get(&self, kind: Kind, ns: &str, name: &str) -> Result<Value, ClientError> {
         let path = kind.object_path(ns, name);
-        self.send(Method::GET, &path, None, None).await
+        self.send(Method::GET, &path, None, None, Expect::Object(Some(name)))
+            .await
     }
 
     /// GET one object; `None` when it does not exist.
@@ -357,7 +358,9 @@ impl KubeClient {
         let path = kind.collection_path(ns);
         let query = label_selector.map(|s| ("labelSelector", s));
         let url = format!("{}{}", self.inner.server, path);
-        let list = self.send(Method::GET, &path, query, None).await?;
+        let list = self
+            .send(Method::GET, &path, query, None, Expect::List)
+            .await?;
         list_items(list).map_err(|message| ClientError::Decode {
             method: "GET".into(),
             url,
@@ -368,11 +371,13 @@ impl KubeClient {
     /// POST a new object.
     pub async fn create(&self, kind: Kind, ns: &str, body: &Value) -> Result<Value, ClientError> {
         let path = kind.collection_path(ns);
-        let body = (
+        let bytes = (
             "application/json",
             serde_json::to_vec(body).unwrap_or_default(),
         );
-        self.send(Method::POST, &path, None, Some(body)).await
+        let name = body_name(body);
+        self.send(Method::POST, &path, None, Some(bytes), Expect::Object(name))
+            .await
     }
 
     /// PATCH an object; put `metadata.resourceVersion` in a merge patch to make it conditional.
@@ -389,7 +394,14 @@ impl KubeClient {
             patch_type.content_type(),
             serde_json::to_vec(body).unwrap_or_default(),
         );
-        self.send(Method::PATCH, &path, None, Some(body)).await
+        self.send(
+            Method::PATCH,
+            &path,
+            None,
+            Some(body),
+            Expect::Object(Some(name)),
+        )
+        .await
     }
 
     /// PUT a whole object (conditional when it carries `metadata.resourceVersion`).
@@ -405,7 +417,14 @@ impl KubeClient {
             "application/json",
             serde_json::to_vec(body).unwrap_or_default(),
         );
-        self.send(Method::PUT, &path, None, Some(body)).await
+        self.send(
+            Method::PUT,
+            &path,
+            None,
+            Some(body),
+            Expect::Object(Some(name)),
+        )
+        .await
     }
 
     fn http_for(&self, identity: Option<&ClientIdentity>) -> Result<reqwest::Client, ClientError> {
@@ -433,6 +452,7 @@ impl KubeClient {
         path: &str,
         query: Option<(&str, &str)>,
         body: Option<(&'static str, Vec<u8>)>,
+        expect: Expect<'_>,
     ) -> Result<Value, ClientError> {
         let url = format!("{}{}", self.inner.server, path);
         let retry = self.inner.retry;
@@ -475,42 +495,55 @@ impl KubeClient {
                             message: format!("reading the response: {e}"),
                             timeout: e.is_timeout(),
                         })?;
-                        if bytes.is_empty() {
-                            return Ok(Value::Null);
+                        let decoded = if bytes.is_empty() {
+                            Ok(Value::Null)
+                        } else {
+                            serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+                        };
+                        match decoded.and_then(|v| expect.check(v)) {
+                            Ok(v) => return Ok(v),
+                            // A truncated transfer or a proxy's error page:
+                            // worth another try. A write that did land is
+                            // then refused by its resourceVersion
+                            // precondition, and the caller re-reads.
+                            Err(message) => (
+                                ClientError::Decode {
+                                    method: method.to_string(),
+                                    url: url.clone(),
+                                    message,
+                                },
+                                None,
+                            ),
                         }
-                        return serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode {
-                            method: method.to_string(),
-                            url: url.clone(),
-                            message: e.to_string(),
-                        });
+                    } else {
+                        if let Some(w) = resp.headers().get("warning") {
+                            tracing::debug!(url = %url, warning = ?w, "API server warning");
+                        }
+                        let retry_after = resp
+                            .headers()
+                            .get(RETRY_AFTER)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                            .map(Duration::from_secs);
+                        let text = resp.text().await.unwrap_or_default();
+                        let err = ClientError::Api(decode_status(&method, &url, status, &text));
+                        if status == StatusCode::UNAUTHORIZED
+                            && !reauthenticated
+                            && self.inner.creds.refreshable()
+                        {
+                            // An expired token or exec credential: fetch a new one, once.
+                            reauthenticated = true;
+                            self.inner.creds.invalidate().await;
+                            tracing::info!(url = %url, "401 from the API server; refreshing the credential");
+                            continue;
+                        }
+                        let retryable = matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504)
+                            || (retry_after.is_some() && status.is_server_error());
+                        if !retryable {
+                            return Err(err);
+                        }
+                        (err, retry_after)
                     }
-                    if let Some(w) = resp.headers().get("warning") {
-                        tracing::debug!(url = %url, warning = ?w, "API server warning");
-                    }
-                    let retry_after = resp
-                        .headers()
-                        .get(RETRY_AFTER)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<u64>().ok())
-                        .map(Duration::from_secs);
-                    let text = resp.text().await.unwrap_or_default();
-                    let err = ClientError::Api(decode_status(&method, &url, status, &text));
-                    if status == StatusCode::UNAUTHORIZED
-                        && !reauthenticated
-                        && self.inner.creds.refreshable()
-                    {
-                        // An expired token or exec credential: fetch a new one, once.
-                        reauthenticated = true;
-                        self.inner.creds.invalidate().await;
-                        tracing::info!(url = %url, "401 from the API server; refreshing the credential");
-                        continue;
-                    }
-                    let retryable = matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504)
-                        || (retry_after.is_some() && status.is_server_error());
-                    if !retryable {
-                        return Err(err);
-                    }
-                    (err, retry_after)
                 }
                 Err(e) => {
                     if let Some(msg) = tls_failure(&e) {
@@ -565,11 +598,70 @@ struct StatusBody {
 /// The `items` of a LIST answer: none when absent or null, an error when
 /// not a list. Public for the fuzz target `kube_json`.
 pub fn list_items(mut list: Value) -> Result<Vec<Value>, String> {
+    if !list.is_object() {
+        return Err(format!(
+            "a list answer is {}, not an object",
+            json_type(&list)
+        ));
+    }
     match list.get_mut("items").map(Value::take) {
         Some(Value::Array(items)) => Ok(items),
         Some(Value::Null) | None => Ok(Vec::new()),
         Some(_) => Err("`items` is not a list".into()),
     }
+}
+
+/// What a successful answer must look like. A proxy's error page, a
+/// truncated transfer or another server answering `200 OK` must not be
+/// read as "the object has no labels" or "there are no pods": that could
+/// turn into a wrong permanent error or a wrong write.
+#[derive(Debug, Clone, Copy)]
+enum Expect<'a> {
+    /// One object, named so when the name is known.
+    Object(Option<&'a str>),
+    /// A list: an object with `items`, a list.
+    List,
+}
+
+impl Expect<'_> {
+    fn check(self, v: Value) -> Result<Value, String> {
+        if !v.is_object() {
+            return Err(format!("expected a JSON object, got {}", json_type(&v)));
+        }
+        match self {
+            Expect::Object(Some(name)) => match v["metadata"]["name"].as_str() {
+                Some(n) if n == name => Ok(v),
+                Some(n) => Err(format!("the answer is object {n:?}, not {name:?}")),
+                None => Err(format!(
+                    "the answer has no metadata.name (expected {name:?})"
+                )),
+            },
+            Expect::Object(None) => Ok(v),
+            // The API server always sends `items` (`[]` when empty); an
+            // object without it is not a list, not an empty one.
+            Expect::List => match v.get("items") {
+                Some(Value::Array(_) | Value::Null) => Ok(v),
+                Some(other) => Err(format!("`items` is {}, not a list", json_type(other))),
+                None => Err("the answer has no `items`: not a list".into()),
+            },
+        }
+    }
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `metadata.name` of an object to create (None with `generateName`).
+fn body_name(body: &Value) -> Option<&str> {
+    body["metadata"]["name"].as_str()
 }
 
 /// Decode the body of an error answer (normally a `Status` object) the way
@@ -822,6 +914,37 @@ impl ServerCertVerifier for AcceptAnyServerCert {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answers_of_the_wrong_shape_are_refused() {
+        let pod = serde_json::json!({"kind": "Pod", "metadata": {"name": "cache-0"}});
+        assert!(Expect::Object(Some("cache-0")).check(pod.clone()).is_ok());
+        assert!(Expect::Object(None).check(pod.clone()).is_ok());
+        let e = Expect::Object(Some("cache-1"))
+            .check(pod.clone())
+            .unwrap_err();
+        assert!(e.contains("\"cache-0\", not \"cache-1\""), "{e}");
+        let e = Expect::Object(Some("cache-0"))
+            .check(serde_json::json!({"metadata": {}}))
+            .unwrap_err();
+        assert!(e.contains("no metadata.name"), "{e}");
+        for v in [Value::Null, serde_json::json!([1]), serde_json::json!("x")] {
+            assert!(Expect::Object(None).check(v.clone()).is_err(), "{v}");
+            assert!(Expect::List.check(v.clone()).is_err(), "{v}");
+        }
+        assert!(Expect::List.check(serde_json::json!({"items": []})).is_ok());
+        assert!(
+            Expect::List
+                .check(serde_json::json!({"items": null}))
+                .is_ok()
+        );
+        assert!(Expect::List.check(pod).is_err(), "an object is not a list");
+        let e = Expect::List
+            .check(serde_json::json!({"items": "x"}))
+            .unwrap_err();
+        assert!(e.contains("a string, not a list"), "{e}");
+        assert!(list_items(serde_json::json!([1, 2])).is_err());
+    }
 
     #[test]
     fn status_bodies_are_decoded() {
