@@ -4,7 +4,9 @@
 //! LF blanked only in simple strings and errors.
 //!
 //! Input: a byte stream read as a recipe for a reply tree (depth ≤ 5) of
-//! the shapes picket sends: map keys are scalars, pushes are top-level.
+//! the shapes picket sends: map keys and set members are scalars, pushes
+//! and `Many` (several replies in a row) are top-level; a `Many` of n
+//! replies must encode to exactly n frames.
 #![no_main]
 
 use bytes::{Bytes, BytesMut};
@@ -54,7 +56,7 @@ impl Recipe<'_> {
     }
 
     fn reply(&mut self, depth: usize) -> Reply {
-        let kind = self.byte() % 10;
+        let kind = self.byte() % 12;
         let n = if depth < 5 {
             usize::from(self.byte() % 5)
         } else {
@@ -76,6 +78,11 @@ impl Recipe<'_> {
             // Push frames are out-of-band messages: top level only.
             8 if depth == 0 => Reply::Push((0..n).map(|_| self.reply(depth + 1)).collect()),
             8 => Reply::Array((0..n).map(|_| self.reply(depth + 1)).collect()),
+            // Sets hold names (COMMAND flags).
+            10 => Reply::Set((0..n).map(|_| self.key()).collect()),
+            // One reply per argument (SUBSCRIBE a b): top level only.
+            11 if depth == 0 => Reply::Many((0..n).map(|_| self.reply(depth + 1)).collect()),
+            11 => Reply::Array((0..n).map(|_| self.reply(depth + 1)).collect()),
             _ => Reply::Verbatim(self.text()),
         }
     }
@@ -105,7 +112,10 @@ fn expected(r: &Reply) -> Norm {
         Reply::Int(i) => Norm::Int(*i),
         Reply::Bulk(b) => Norm::Bulk(b.to_vec()),
         Reply::Null | Reply::NullArray => Norm::Null,
-        Reply::Array(v) | Reply::Push(v) => Norm::Array(v.iter().map(expected).collect()),
+        Reply::Array(v) | Reply::Push(v) | Reply::Set(v) => {
+            Norm::Array(v.iter().map(expected).collect())
+        }
+        Reply::Many(_) => unreachable!("Many is top-level only: see frames()"),
         Reply::Map(kv) => Norm::Array(
             kv.iter()
                 .flat_map(|(k, v)| [expected(k), expected(v)])
@@ -126,34 +136,57 @@ fn norm(f: &BytesFrame) -> Norm {
     }
 }
 
+/// The frames `r` must encode to, reduced to what RESP2 tells apart.
+fn frames(r: &Reply) -> Vec<Norm> {
+    match r {
+        Reply::Many(v) => v.iter().map(expected).collect(),
+        r => vec![expected(r)],
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let reply = Recipe(data).reply(0);
+    let want = frames(&reply);
     for resp3 in [false, true] {
         let mut buf = BytesMut::new();
         reply.encode(&mut buf, resp3);
         match picket_fuzz::check_reply_stream(&buf) {
-            Ok(1) => {}
+            Ok(n) if n == want.len() => {}
             other => panic!(
-                "{reply:?} (resp3: {resp3}) encoded to {other:?} frames: {:?}",
+                "{reply:?} (resp3: {resp3}) encoded to {other:?} frames, not {}: {:?}",
+                want.len(),
                 String::from_utf8_lossy(&buf)
             ),
         }
-        let len = buf.len();
-        if resp3 {
-            let (_, used, _) = redis_protocol::resp3::decode::complete::decode_bytes_mut(&mut buf)
-                .unwrap_or_else(|e| panic!("redis-protocol refuses the RESP3 of {reply:?}: {e}"))
-                .unwrap_or_else(|| {
-                    panic!("redis-protocol finds the RESP3 of {reply:?} incomplete")
-                });
-            assert_eq!(used, len);
-        } else {
-            let (frame, used, _) = redis_protocol::resp2::decode::decode_bytes_mut(&mut buf)
-                .unwrap_or_else(|e| panic!("redis-protocol refuses the RESP2 of {reply:?}: {e}"))
-                .unwrap_or_else(|| {
-                    panic!("redis-protocol finds the RESP2 of {reply:?} incomplete")
-                });
-            assert_eq!(used, len);
-            assert_eq!(norm(&frame), expected(&reply), "RESP2 of {reply:?}");
+        let mut got = Vec::new();
+        while !buf.is_empty() {
+            if resp3 {
+                let (_, used, _) =
+                    redis_protocol::resp3::decode::complete::decode_bytes_mut(&mut buf)
+                        .unwrap_or_else(|e| {
+                            panic!("redis-protocol refuses the RESP3 of {reply:?}: {e}")
+                        })
+                        .unwrap_or_else(|| {
+                            panic!("redis-protocol finds the RESP3 of {reply:?} incomplete")
+                        });
+                assert!(used > 0);
+                got.push(None);
+            } else {
+                let (frame, used, _) = redis_protocol::resp2::decode::decode_bytes_mut(&mut buf)
+                    .unwrap_or_else(|e| {
+                        panic!("redis-protocol refuses the RESP2 of {reply:?}: {e}")
+                    })
+                    .unwrap_or_else(|| {
+                        panic!("redis-protocol finds the RESP2 of {reply:?} incomplete")
+                    });
+                assert!(used > 0);
+                got.push(Some(norm(&frame)));
+            }
+        }
+        assert_eq!(got.len(), want.len(), "frames of {reply:?} (resp3: {resp3})");
+        if !resp3 {
+            let got: Vec<Norm> = got.into_iter().flatten().collect();
+            assert_eq!(got, want, "RESP2 of {reply:?}");
         }
     }
 });

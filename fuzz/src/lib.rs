@@ -103,7 +103,8 @@ fn frame(buf: &[u8], pos: usize, depth: usize) -> Result<usize, String> {
             }
             Ok(end + 2)
         }
-        b'*' | b'>' | b'%' => {
+        // Arrays, pushes, sets and maps.
+        b'*' | b'>' | b'~' | b'%' => {
             let len = number(l, pos)?;
             if len == -1 && kind == b'*' {
                 return Ok(next);
@@ -134,6 +135,8 @@ mod tests {
             check_reply_stream(b"%1\r\n$1\r\na\r\n*2\r\n:1\r\n=5\r\ntxt:x\r\n"),
             Ok(1)
         );
+        assert_eq!(check_reply_stream(b"~2\r\n+a\r\n:1\r\n"), Ok(1));
+        assert!(check_reply_stream(b"~2\r\n+a\r\n").is_err());
         assert!(check_reply_stream(b"$3\r\nab\r\n").is_err());
         assert!(check_reply_stream(b"+a\rb\r\n").is_err());
         assert!(check_reply_stream(b"*2\r\n:1\r\n").is_err());
