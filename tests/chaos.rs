@@ -5,7 +5,9 @@
 //! - Faults (one disruptive fault at a time, then a wait until the system
 //!   has settled and a short calm gap): kill -9 and restart of the current
 //!   master, of a replica, of a daemon; partitions between daemons (their
-//!   links go through [`FaultProxy`]s); SIGSTOP/SIGCONT of a daemon; a slow
+//!   links go through [`FaultProxy`]s) and between daemons and a data
+//!   server ([`NetCut`]: the daemons' packets to it are dropped while
+//!   clients still reach it); SIGSTOP/SIGCONT of a daemon; a slow
 //!   or failing Kubernetes API (the fake of `tests/support`) during a master
 //!   kill; planned switchovers (`PICKET FAILOVER`) in calm moments.
 //! - Invariants (see `docs/reliability.md, "Chaos test"`): one master per epoch
@@ -542,6 +544,11 @@ impl Checker {
         let planned = lock(&self.shared.planned).clone();
         // The epoch of the last failover that flushed, as far as it was
         // observed (an unobserved one only makes the check weaker).
+        // Epoch 0 is the configured master: nothing was flushed yet (and
+        // `range(1..=0)` would panic).
+        if epoch == 0 {
+            return;
+        }
         let Some(&flushed_at) = self
             .published
             .range(1..=epoch)
@@ -714,9 +721,10 @@ enum Fault {
     KubeSlowDuringMasterKill,
     KubeFailingDuringMasterKill,
     Switchover,
+    CutFromServer,
 }
 
-fn pick_fault(rng: &mut StdRng, kube: bool) -> Fault {
+fn pick_fault(rng: &mut StdRng, kube: bool, netcut: bool) -> Fault {
     let table: &[(Fault, u32)] = &[
         (Fault::KillMaster, 3),
         (Fault::KillReplica, 2),
@@ -726,6 +734,7 @@ fn pick_fault(rng: &mut StdRng, kube: bool) -> Fault {
         (Fault::KubeSlowDuringMasterKill, if kube { 1 } else { 0 }),
         (Fault::KubeFailingDuringMasterKill, if kube { 1 } else { 0 }),
         (Fault::Switchover, 2),
+        (Fault::CutFromServer, if netcut { 3 } else { 0 }),
     ];
     let total: u32 = table.iter().map(|(_, w)| w).sum();
     let mut x = rng.random_range(0..total);
@@ -753,6 +762,8 @@ struct Chaos {
     rng: StdRng,
     switchovers: u64,
     switchover_checked_writes: u64,
+    /// Daemon ↔ data server partitions (None: not available here).
+    netcut: Option<Arc<NetCut>>,
 }
 
 impl Chaos {
@@ -944,7 +955,57 @@ impl Chaos {
                 self.shared.event("recover: Kubernetes API healthy");
             }
             Fault::Switchover => self.switchover(master),
+            Fault::CutFromServer => self.cut_from_server(master),
         }
+    }
+
+    /// Cut one, two or all three daemons off a server (the master more
+    /// often than a replica) for 2–6 s while clients still reach it. Two or
+    /// three cut off the master fail it over while it is alive and takes
+    /// writes: the case of two masters at once in the data, of which only
+    /// one may ever be advertised; the daemon that still reaches the old
+    /// master (or, after healing, any daemon) demotes it.
+    fn cut_from_server(&mut self, master: SocketAddr) {
+        let netcut = self.netcut.clone().expect("cuts need NetCut");
+        let k = self.rng.random_range(1..=3);
+        let mut daemons: Vec<usize> = (0..3).collect();
+        while daemons.len() > k {
+            daemons.remove(self.rng.random_range(0..daemons.len()));
+        }
+        let (what, server) = if self.rng.random_bool(0.7) {
+            ("master", master)
+        } else {
+            let replicas: Vec<SocketAddr> = self
+                .redis
+                .iter()
+                .map(RedisServer::addr)
+                .filter(|a| *a != master)
+                .collect();
+            (
+                "replica",
+                replicas[self.rng.random_range(0..replicas.len())],
+            )
+        };
+        let len = ms(&mut self.rng, 2000, 6000);
+        self.shared.event(format!(
+            "fault: cut {} from {what} {server} for {len:?}",
+            daemons
+                .iter()
+                .map(|i| format!("picket-{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        for &i in &daemons {
+            netcut
+                .cut(i, server)
+                .unwrap_or_else(|e| panic!("cutting picket-{i} from {server}: {e}"));
+        }
+        std::thread::sleep(len);
+        netcut
+            .heal()
+            .unwrap_or_else(|e| panic!("healing the cut: {e}"));
+        self.shared
+            .event(format!("recover: {what} {server} reachable again"));
     }
 
     /// A planned switchover in a calm moment, and invariant 5 around it.
@@ -1065,6 +1126,29 @@ struct Background {
     handles: Vec<std::thread::JoinHandle<()>>,
 }
 
+impl Background {
+    /// Stop and join the threads; a thread that panicked is a violation:
+    /// a dead checker would otherwise let the run pass unchecked.
+    fn finish(mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for (i, h) in self.handles.drain(..).enumerate() {
+            if let Err(p) = h.join() {
+                let why = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_default();
+                self.shared.violation(
+                    &format!("thread {i} panicked"),
+                    format!(
+                        "harness: background thread {i} (0: checker, 1-2: writers) panicked: {why}"
+                    ),
+                );
+            }
+        }
+    }
+}
+
 impl Drop for Background {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -1106,6 +1190,19 @@ fn run_chaos(flush: bool) {
     )
     .unwrap();
 
+    // Declared before the daemons so that it is dropped after them: its
+    // cgroups can only be removed once they are empty.
+    let netcut = match NetCut::new(3) {
+        Ok(n) => Some(Arc::new(n)),
+        // CI runs as root: there, daemon ↔ server partitions must work.
+        Err(e) if nix::unistd::geteuid().is_root() => {
+            panic!("daemon <-> server partitions are unavailable: {e}")
+        }
+        Err(e) => {
+            eprintln!("chaos: note: no daemon <-> server partitions in this run: {e}");
+            None
+        }
+    };
     let topo = Topology::master_with_replicas(2);
     let first_master = topo.master.addr();
     let plan = ClusterPlan::new(3);
@@ -1146,7 +1243,9 @@ fn run_chaos(flush: bool) {
                     .map(|p| p.addr().to_string())
                     .unwrap_or_default()
             };
-            plan.spawn_node(i, &group, &peer, None, &[])
+            let wrapper = netcut.as_ref().map(|n| n.wrapper(i)).unwrap_or_default();
+            let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+            plan.spawn_node(i, &group, &peer, None, &wrapper)
         })
         .collect();
     let cluster = PicketCluster { nodes };
@@ -1198,6 +1297,7 @@ fn run_chaos(flush: bool) {
         rng: StdRng::seed_from_u64(seed ^ u64::from(flush)),
         switchovers: 0,
         switchover_checked_writes: 0,
+        netcut: netcut.clone(),
     };
     let run_until = Instant::now() + duration;
     while Instant::now() < run_until {
@@ -1210,12 +1310,12 @@ fn run_chaos(flush: bool) {
         if Instant::now() >= run_until {
             break;
         }
-        let fault = pick_fault(&mut chaos.rng, chaos.fake.is_some());
+        let fault = pick_fault(&mut chaos.rng, chaos.fake.is_some(), chaos.netcut.is_some());
         chaos.run_fault(fault, master);
     }
     chaos.settle();
     shared.event("end of schedule");
-    drop(threads);
+    threads.finish();
 
     let violations = lock(&shared.violations).clone();
     let acked = lock(&shared.acked).len();

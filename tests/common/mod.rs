@@ -1431,6 +1431,154 @@ impl ProxyShared {
     }
 }
 
+/// Partitions between picket daemons and data servers, which loopback
+/// addresses alone cannot make (a daemon's connections leave from any
+/// address, and a server's address is its identity, so no proxy can sit in
+/// between): each daemon runs in a cgroup of its own, and an iptables rule
+/// in `OUTPUT` drops what that cgroup sends to a server, as a silent network
+/// partition would. Needs root, iptables with the cgroup match and a cgroup2
+/// mount; [`NetCut::new`] says what is missing.
+///
+/// Dropping it removes its rules and cgroups; drop it after the processes
+/// in it have been stopped.
+pub struct NetCut {
+    /// The cgroup2 mount point.
+    root: PathBuf,
+    /// Its cgroup below `root`: `picket-test-<pid>-<n>`.
+    base: String,
+    members: usize,
+    /// The arguments of every rule in force, to delete them.
+    rules: std::sync::Mutex<Vec<Vec<String>>>,
+}
+
+impl NetCut {
+    /// Cgroups for `members` processes, after checking that a rule can be
+    /// added and removed.
+    pub fn new(members: usize) -> Result<NetCut, String> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        if !nix::unistd::geteuid().is_root() {
+            return Err("not root: cgroups and iptables rules need root".into());
+        }
+        let mounts = fs::read_to_string("/proc/self/mounts")
+            .map_err(|e| format!("read /proc/self/mounts: {e}"))?;
+        let root = mounts
+            .lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(f[1]))
+            })
+            .ok_or("no cgroup2 file system is mounted")?;
+        let base = format!(
+            "picket-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        );
+        let cut = NetCut {
+            root,
+            base,
+            members,
+            rules: std::sync::Mutex::new(Vec::new()),
+        };
+        for i in 0..members {
+            let dir = cut.root.join(&cut.base).join(format!("m{i}"));
+            fs::create_dir_all(&dir).map_err(|e| format!("create cgroup {dir:?}: {e}"))?;
+        }
+        // A rule that matches nothing, to learn whether rules work at all.
+        let probe: SocketAddr = "127.0.0.1:1".parse().map_err(|e| format!("{e}"))?;
+        cut.cut(0, probe)?;
+        cut.heal()?;
+        Ok(cut)
+    }
+
+    /// The wrapper that starts a process as member `i` (see
+    /// [`PicketProcess::start_wrapped`]).
+    pub fn wrapper(&self, i: usize) -> Vec<String> {
+        let procs = self.root.join(self.path(i).trim_start_matches('/'));
+        vec![
+            "sh".into(),
+            "-c".into(),
+            "echo $$ > \"$0\" && exec \"$@\"".into(),
+            procs.join("cgroup.procs").display().to_string(),
+        ]
+    }
+
+    fn path(&self, i: usize) -> String {
+        format!("/{}/m{i}", self.base)
+    }
+
+    fn iptables(args: &[String]) -> Result<(), String> {
+        let out = Command::new("iptables")
+            .arg("-w")
+            .args(args)
+            .output()
+            .map_err(|e| format!("iptables: {e} (is iptables installed?)"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "iptables {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// Drop every packet member `i` sends to `server`, from now until
+    /// [`NetCut::heal`].
+    pub fn cut(&self, i: usize, server: SocketAddr) -> Result<(), String> {
+        let rule: Vec<String> = [
+            "OUTPUT",
+            "-m",
+            "cgroup",
+            "--path",
+            &self.path(i),
+            "-d",
+            &format!("{}/32", server.ip()),
+            "-p",
+            "tcp",
+            "--dport",
+            &server.port().to_string(),
+            "-j",
+            "DROP",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+        let mut add = vec!["-A".to_owned()];
+        add.extend(rule.iter().cloned());
+        Self::iptables(&add)?;
+        self.rules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(rule);
+        Ok(())
+    }
+
+    /// Remove every rule: the partitions heal.
+    pub fn heal(&self) -> Result<(), String> {
+        let rules = std::mem::take(&mut *self.rules.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut first_error = None;
+        for rule in rules {
+            let mut del = vec!["-D".to_owned()];
+            del.extend(rule);
+            if let Err(e) = Self::iptables(&del) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for NetCut {
+    fn drop(&mut self) {
+        let _ = self.heal();
+        for i in 0..self.members {
+            let _ = fs::remove_dir(self.root.join(self.path(i).trim_start_matches('/')));
+        }
+        let _ = fs::remove_dir(self.root.join(&self.base));
+    }
+}
+
 /// A loopback TCP forwarder to `target` that can cut the link:
 /// [`FaultProxy::block`] closes every forwarded connection and closes each
 /// new one as soon as it is accepted, until [`FaultProxy::unblock`].
