@@ -1,7 +1,7 @@
 //! A configured peer that lies or talks nonsense cannot move the master:
 //! a hello announcing a higher config epoch for an instance that is not a
-//! master is not adopted, malformed peer commands get errors, and the
-//! daemon stays up.
+//! master is not adopted, a second vote request in one epoch gets the
+//! first vote, malformed peer commands get errors, and the daemon stays up.
 
 mod common;
 
@@ -89,6 +89,27 @@ failover_timeout = "5s"
         let r = c.cmd(&bad).expect("answered");
         assert!(r.as_error().is_some(), "{bad:?} must be refused, got {r:?}");
     }
+    // A peer asking for a vote twice in one epoch, for two candidates, and
+    // again in an older epoch: this daemon votes once, and every answer
+    // names that one vote.
+    let master = topo.master.addr().to_string();
+    for (candidate, epoch) in [("liar", "70"), ("another", "70"), ("another", "69")] {
+        let r = c
+            .cmd(&["PICKET", "IS-DOWN", "cache", &master, "0", epoch, candidate])
+            .expect("answered");
+        let Reply::Array(a) = &r else {
+            panic!("IS-DOWN for {candidate} at {epoch}: {r:?}")
+        };
+        assert_eq!(
+            (
+                a.get(1).and_then(Reply::as_str),
+                a.get(2).and_then(Reply::as_int)
+            ),
+            (Some("liar"), Some(70)),
+            "asked for {candidate} at {epoch}: {r:?}"
+        );
+    }
+
     // An unknown daemon's hello is refused: membership is static.
     let stranger = serde_json::json!({
         "id": "stranger", "addr": "127.0.0.1:1", "current_epoch": 60,
