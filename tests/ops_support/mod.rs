@@ -1,34 +1,12 @@
-//! Small helpers shared by the operations tests (reload, systemd): an HTTP
-//! GET over a raw socket, picket configs, and log polling.
+//! Small helpers shared by the operations tests (reload, systemd): status
+//! documents, picket configs, and log polling.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::SocketAddr;
 
 use crate::common::{PicketProcess, free_port, next_loopback_ip};
 
-/// `GET path` on `addr` with HTTP/1.0 (no chunked encoding): the status code
-/// and the body, or why it failed.
-pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)
-        .map_err(|e| format!("read {addr}{path}: {e}"))?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no header end in {raw:?}"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("no status in {head:?}"))?;
-    Ok((code, body.to_string()))
-}
+pub use crate::common::http_get;
 
 /// `/v1/status` as JSON, or None when the daemon does not answer.
 pub fn status(http: SocketAddr) -> Option<serde_json::Value> {
