@@ -20,7 +20,7 @@
 //! `PICKET_CHAOS_SEED` (default [`DEFAULT_SEED`]) and
 //! `PICKET_CHAOS_DURATION` (seconds, default [`DEFAULT_DURATION_SECS`])
 //! choose the run. A long one:
-//! `PICKET_CHAOS_DURATION=1800 cargo test --release --test chaos -- --nocapture`.
+//! `PICKET_CHAOS_DURATION=1800 cargo test --release --test chaos -- --nocapture --test-threads=1 chaos_`.
 //!
 //! The two tests of this file run one at a time (they share the machine's
 //! cores with the daemons they start).
