@@ -153,7 +153,8 @@ struct Group {
     election_delay_until: Option<Instant>,
     intended: Option<(u64, Addr)>,
     last_failover: Option<LastFailover>,
-    last_tick: Instant,
+    /// When the task last ran anything, to notice stalls of the process.
+    run_clock: RunClock,
     last_export: Instant,
     published_epoch: Option<u64>,
     /// The current config is served from memory only: persisting it failed.
@@ -264,7 +265,7 @@ pub fn spawn(
         election_delay_until: None,
         intended: None,
         last_failover: None,
-        last_tick: now,
+        run_clock: RunClock::new(now, stall_threshold(tick_period(&cfg), cfg.down_after)),
         last_export: now,
         published_epoch: None,
         config_unpersisted: false,
@@ -287,8 +288,7 @@ pub fn spawn(
     metrics::gauge!(m::GROUP_MASTER, "group" => g.cfg.name.clone(), "instance" => g.master.to_string())
         .set(1.0);
     tokio::spawn(async move {
-        let tick_every =
-            (g.cfg.ping_period() / 2).clamp(Duration::from_millis(10), Duration::from_millis(100));
+        let tick_every = tick_period(&g.cfg);
         let mut tick = tokio::time::interval(tick_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_view = Instant::now();
@@ -299,7 +299,7 @@ pub fn spawn(
                 Some(msg) = rx.recv() => g.on_msg(msg),
                 Some(int) = internal_rx.recv() => g.on_internal(int),
                 _ = tick.tick() => {
-                    g.on_tick(tick_every);
+                    g.on_tick();
                     let now = Instant::now();
                     if now.duration_since(last_view) >= Duration::from_millis(100) {
                         g.publish_view();
@@ -400,6 +400,7 @@ impl Group {
     // === probes ===
 
     fn on_probe(&mut self, ev: ProbeEvent) {
+        self.notice_stall(Instant::now());
         let addr = ev.addr().clone();
         let group = self.cfg.name.clone();
         let master = self.master.clone();
@@ -495,25 +496,30 @@ impl Group {
 
     // === ticks ===
 
-    fn on_tick(&mut self, period: Duration) {
-        let now = Instant::now();
-        let gap = now.saturating_duration_since(self.last_tick);
-        self.last_tick = now;
-        // A tick far later than scheduled means this process did not run
-        // (SIGSTOP, VM pause, overload): nothing was observed meanwhile.
-        let stall_threshold = (period * 4)
-            .max(Duration::from_secs(1))
-            .max(self.cfg.down_after / 2);
-        if gap > stall_threshold {
-            let tilt_period = (self.cfg.down_after * 3).max(Duration::from_secs(3));
-            self.ctx.tilt.enter(now, gap, tilt_period);
-            for inst in self.instances.values_mut() {
-                inst.sdown.forgive_until(now);
-            }
-            for p in self.peers.iter_mut() {
-                p.answered_at = None;
-            }
+    /// Notice that this process did not run for a while (SIGSTOP, VM
+    /// pause, overload): nothing was observed meanwhile, so the silence is
+    /// forgiven and acting is suspended (TILT). Called by the tick *and*
+    /// before every event: after a stall the first thing the task handles
+    /// may be a probe's reply, and acting on it (demoting a "stray" master
+    /// that the peers promoted during the stall) with peers' hellos from
+    /// before the stall is exactly what TILT must prevent.
+    fn notice_stall(&mut self, now: Instant) {
+        let Some(gap) = self.run_clock.ran(now) else {
+            return;
+        };
+        let tilt_period = (self.cfg.down_after * 3).max(Duration::from_secs(3));
+        self.ctx.tilt.enter(now, gap, tilt_period);
+        for inst in self.instances.values_mut() {
+            inst.sdown.forgive_until(now);
         }
+        for p in self.peers.iter_mut() {
+            p.answered_at = None;
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        self.notice_stall(now);
         let tilt = self.ctx.tilt.active(now);
         if !tilt {
             let mut transitions = Vec::new();
@@ -1536,6 +1542,7 @@ impl Group {
 
     fn on_internal(&mut self, msg: Internal) {
         let now = Instant::now();
+        self.notice_stall(now);
         match msg {
             Internal::Answer {
                 peer,
@@ -1624,6 +1631,7 @@ impl Group {
 
     fn on_msg(&mut self, msg: GroupMsg) {
         let now = Instant::now();
+        self.notice_stall(now);
         match msg {
             GroupMsg::IsDown { query, reply } => {
                 let _ = reply.send(self.answer_is_down(now, query));
@@ -1913,9 +1921,78 @@ pub fn hello_groups(groups: &HashMap<String, GroupHandle>) -> Vec<HelloGroup> {
     out
 }
 
+/// The group task's tick: half the PING period, 10–100 ms.
+fn tick_period(cfg: &GroupConfig) -> Duration {
+    (cfg.ping_period() / 2).clamp(Duration::from_millis(10), Duration::from_millis(100))
+}
+
+/// A pause longer than this between two runs of the group task is a stall
+/// of the process, not scheduling noise.
+fn stall_threshold(tick: Duration, down_after: Duration) -> Duration {
+    (tick * 4).max(Duration::from_secs(1)).max(down_after / 2)
+}
+
+/// When the group task last ran anything (a tick or an event).
+#[derive(Debug)]
+struct RunClock {
+    last: Instant,
+    threshold: Duration,
+}
+
+impl RunClock {
+    fn new(now: Instant, threshold: Duration) -> RunClock {
+        RunClock {
+            last: now,
+            threshold,
+        }
+    }
+
+    /// The task runs at `now`: the length of the pause before, when it was
+    /// a stall.
+    fn ran(&mut self, now: Instant) -> Option<Duration> {
+        let gap = now.saturating_duration_since(self.last);
+        self.last = self.last.max(now);
+        (gap > self.threshold).then_some(gap)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_is_noticed_once_by_whatever_runs_first() {
+        let start = Instant::now();
+        let mut clock = RunClock::new(
+            start,
+            stall_threshold(Duration::from_millis(100), Duration::from_secs(1)),
+        );
+        // Events and ticks a few ms to 900 ms apart: scheduling, not a stall.
+        for step in [5u64, 100, 900, 40] {
+            tokio::time::advance(Duration::from_millis(step)).await;
+            assert_eq!(clock.ran(Instant::now()), None, "after {step} ms");
+        }
+        // The process was stopped for 3 s; the first thing to run (here a
+        // probe's reply, before any tick) notices it, and only it.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(clock.ran(Instant::now()), Some(Duration::from_secs(3)));
+        assert_eq!(clock.ran(Instant::now()), None);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(clock.ran(Instant::now()), None);
+    }
+
+    #[test]
+    fn the_stall_threshold_grows_with_down_after() {
+        let tick = Duration::from_millis(100);
+        assert_eq!(
+            stall_threshold(tick, Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            stall_threshold(tick, Duration::from_secs(30)),
+            Duration::from_secs(15)
+        );
+    }
 
     #[test]
     fn ms_saturates() {
