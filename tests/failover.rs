@@ -1293,6 +1293,57 @@ fn an_isolated_daemon_never_fails_over_and_adopts_the_majority_config_after_heal
 // Measurement (not a pass/fail test): cargo test --test failover -- --ignored --nocapture
 
 /// Write through the Sentinel API: resolve the master on `node`, SET on it.
+/// A replica that reports role:master while the daemons see their master
+/// down is most likely one a leader has just promoted, its new config still
+/// on the way (Sentinel's "master looks sane" rule): it must not be demoted
+/// to the dead master. Two of three daemons run, with quorum 3, so nothing
+/// fails over and nothing but this rule decides.
+#[test]
+fn a_replica_promoted_while_the_master_is_down_is_not_demoted_to_it() {
+    let _serial = serial();
+    let mut topo = Topology::master_with_replicas(1);
+    let old = topo.master.addr();
+    let groups = group_toml(GROUP, old, 3, "");
+    let plan = ClusterPlan::new(3);
+    let resp = plan.resp.clone();
+    let peer = move |_: usize, j: usize| resp[j].to_string();
+    let cluster = PicketCluster {
+        nodes: (0..2)
+            .map(|i| plan.spawn_node(i, &groups, &peer, None, &[]))
+            .collect(),
+    };
+    cluster.wait_ready(READY_TIMEOUT);
+    cluster.wait_converged(&[0, 1], GROUP, 2, Duration::from_secs(20));
+    topo.master.kill9();
+    for n in &cluster.nodes {
+        wait_for(
+            &format!("{} to see the master down", n.id),
+            Duration::from_secs(15),
+            || n.group(GROUP)["master_sdown"] == true,
+        );
+    }
+    let replica = &topo.replicas[0];
+    assert!(
+        replica
+            .cmd(&["REPLICAOF", "NO", "ONE"])
+            .is_ok_and(|r| r.is_ok())
+    );
+    // Both daemons read its INFO at least twice meanwhile (every second).
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        assert_eq!(
+            role(replica).as_deref(),
+            Some("master"),
+            "the promoted replica was demoted\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for n in &cluster.nodes {
+        assert_eq!(n.count_event("+convert-to-slave"), 0, "{}", n.logs());
+    }
+}
+
 fn write_through(node: &PicketNode, key: &str) -> bool {
     let Some(m) = node.master_addr(GROUP) else {
         return false;

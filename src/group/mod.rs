@@ -1416,13 +1416,7 @@ impl Group {
         if self.published_epoch == Some(self.config_epoch) {
             return;
         }
-        let confirmed = self.instances.get(&self.master).is_some_and(|i| {
-            i.connected
-                && !i.sdown.is_down()
-                && i.info_at.is_some_and(|t| Some(t) >= i.connected_at)
-                && i.info.as_ref().is_some_and(|x| x.role == Role::Master)
-        });
-        if !confirmed {
+        if !self.reports_master_now(&self.master) {
             return;
         }
         self.published_epoch = Some(self.config_epoch);
@@ -1437,6 +1431,17 @@ impl Group {
         });
     }
 
+    /// `addr` is up and reports `role:master` on an INFO read on its
+    /// current connection.
+    fn reports_master_now(&self, addr: &Addr) -> bool {
+        self.instances.get(addr).is_some_and(|i| {
+            i.connected
+                && !i.sdown.is_down()
+                && i.info_at.is_some_and(|t| Some(t) >= i.connected_at)
+                && i.info.as_ref().is_some_and(|x| x.role == Role::Master)
+        })
+    }
+
     fn check_topology(&mut self, now: Instant) {
         if !self.may_reconfigure(now) {
             return;
@@ -1447,6 +1452,13 @@ impl Group {
             .instances
             .get(&master)
             .is_some_and(|i| !i.sdown.is_down());
+        // Sentinel's "master looks sane": up, and a master on a fresh INFO.
+        // Only then is another instance that reports role:master a stray to
+        // demote. With the master down (or not a master), that instance is
+        // far more likely a replica that a leader has just promoted, whose
+        // new config has not reached this daemon yet: demoting it would
+        // undo the failover and trigger a second one.
+        let master_sane = self.reports_master_now(&master);
         let intended = self
             .intended
             .as_ref()
@@ -1480,7 +1492,7 @@ impl Group {
             match info.role {
                 // A returning old master (or any stray master): demote at
                 // once, before anything could route to it (invariant 6).
-                Role::Master => {
+                Role::Master if master_sane => {
                     inst.last_action = Some(now);
                     demote.push((inst.addr.clone(), info.flavour));
                 }
