@@ -853,6 +853,14 @@ impl Chaos {
             .unwrap_or_else(|| panic!("{addr} is none of the servers"))
     }
 
+    /// The index of a random server other than `master`.
+    fn random_replica(&mut self, master: SocketAddr) -> usize {
+        let replicas: Vec<usize> = (0..self.redis.len())
+            .filter(|&i| self.redis[i].addr() != master)
+            .collect();
+        replicas[self.rng.random_range(0..replicas.len())]
+    }
+
     fn kill_and_restart_redis(&mut self, idx: usize, what: &str) {
         let addr = self.redis[idx].addr();
         let down = ms(&mut self.rng, 1000, 4000);
@@ -873,10 +881,7 @@ impl Chaos {
                 self.kill_and_restart_redis(i, "master");
             }
             Fault::KillReplica => {
-                let replicas: Vec<usize> = (0..self.redis.len())
-                    .filter(|&i| self.redis[i].addr() != master)
-                    .collect();
-                let i = replicas[self.rng.random_range(0..replicas.len())];
+                let i = self.random_replica(master);
                 self.kill_and_restart_redis(i, "replica");
             }
             Fault::KillDaemon => {
@@ -975,16 +980,8 @@ impl Chaos {
         let (what, server) = if self.rng.random_bool(0.7) {
             ("master", master)
         } else {
-            let replicas: Vec<SocketAddr> = self
-                .redis
-                .iter()
-                .map(RedisServer::addr)
-                .filter(|a| *a != master)
-                .collect();
-            (
-                "replica",
-                replicas[self.rng.random_range(0..replicas.len())],
-            )
+            let i = self.random_replica(master);
+            ("replica", self.redis[i].addr())
         };
         let len = ms(&mut self.rng, 2000, 6000);
         self.shared.event(format!(
@@ -1206,14 +1203,7 @@ fn run_chaos(flush: bool) {
     let topo = Topology::master_with_replicas(2);
     let first_master = topo.master.addr();
     let plan = ClusterPlan::new(3);
-    let proxy_ip = next_loopback_ip();
-    let proxies: Vec<Vec<Option<FaultProxy>>> = (0..3)
-        .map(|i| {
-            (0..3)
-                .map(|j| (i != j).then(|| FaultProxy::start(&proxy_ip, plan.resp[j])))
-                .collect()
-        })
-        .collect();
+    let proxies = plan.peer_proxies();
     let files: Vec<PathBuf> = (0..3)
         .map(|i| shared_dir.path().join(format!("picket-{i}.json")))
         .collect();

@@ -1161,14 +1161,7 @@ fn an_isolated_daemon_never_fails_over_and_adopts_the_majority_config_after_heal
     let mut topo = Topology::master_with_replicas(2);
     let plan = ClusterPlan::new(3);
     // Daemon i reaches daemon j only through its own proxy proxies[i][j].
-    let proxy_ip = next_loopback_ip();
-    let proxies: Vec<Vec<Option<FaultProxy>>> = (0..3)
-        .map(|i| {
-            (0..3)
-                .map(|j| (i != j).then(|| FaultProxy::start(&proxy_ip, plan.resp[j])))
-                .collect()
-        })
-        .collect();
+    let proxies = plan.peer_proxies();
     let proxy = |i: usize, j: usize| proxies[i][j].as_ref().unwrap();
     let groups = group_toml(GROUP, topo.master.addr(), 2, "");
     let cluster = plan.start_with_peers(&groups, |i, j| proxy(i, j).addr().to_string());

@@ -1104,6 +1104,21 @@ impl ClusterPlan {
         plan
     }
 
+    /// A fault-injecting proxy for every ordered pair of daemons, on one
+    /// new loopback address: `[i][j]` is how daemon `i` reaches daemon `j`
+    /// (None on the diagonal), so that links can be cut one by one.
+    pub fn peer_proxies(&self) -> Vec<Vec<Option<FaultProxy>>> {
+        let ip = next_loopback_ip();
+        let n = self.resp.len();
+        (0..n)
+            .map(|i| {
+                (0..n)
+                    .map(|j| (i != j).then(|| FaultProxy::start(&ip, self.resp[j])))
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The `[daemon]` table of daemon `i`, reaching daemon `j` at
     /// `peer(i, j)`.
     pub fn daemon_toml(
