@@ -280,11 +280,6 @@ impl StateStore {
         let (r, changed) = f(&mut next);
         if changed && next != *guard {
             let written = self.write(&next);
-            if written.is_err() {
-                // A partial temporary file would only hold on to the space
-                // that the next attempt needs.
-                let _ = fs::remove_file(self.tmp_path());
-            }
             self.note_write(&written);
             written?;
             *guard = next;
@@ -389,6 +384,16 @@ impl StateStore {
     }
 
     fn write(&self, state: &PersistedState) -> Result<(), StateError> {
+        let written = self.write_via_tmp(state);
+        if written.is_err() {
+            // A partial temporary file would only hold on to the space that
+            // the next attempt needs.
+            let _ = fs::remove_file(self.tmp_path());
+        }
+        written
+    }
+
+    fn write_via_tmp(&self, state: &PersistedState) -> Result<(), StateError> {
         let err = |source| StateError::Write {
             path: self.path.clone(),
             source,
