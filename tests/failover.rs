@@ -749,6 +749,19 @@ fn a_vote_survives_kill9_and_restart() {
 // ---------------------------------------------------------------------------
 // 6. planned switchover under writes (Redis)
 
+/// `picket-writer`, a binary of the workspace's `bench` crate: built next
+/// to `picket` by `cargo test --workspace` (scripts/test), which compiles
+/// every package before it runs any test.
+fn writer_bin() -> std::path::PathBuf {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_picket")).with_file_name("picket-writer");
+    assert!(
+        bin.exists(),
+        "{} not found: build the workspace first (cargo build --workspace --bins, or run the tests with --workspace)",
+        bin.display()
+    );
+    bin
+}
+
 /// `picket-writer` writing through the daemons' Sentinel API; killed by
 /// PID when dropped.
 struct Writer {
@@ -759,7 +772,7 @@ struct Writer {
 impl Writer {
     fn start(sentinels: &[SocketAddr], prefix: &str) -> Writer {
         let dir = tempfile::tempdir().unwrap();
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_picket-writer"));
+        let mut cmd = std::process::Command::new(writer_bin());
         for s in sentinels {
             cmd.arg("--sentinel").arg(s.to_string());
         }

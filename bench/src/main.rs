@@ -16,21 +16,13 @@
 //! `--quick` (for CI) runs one failover per side and fails only if a side
 //! did not fail over. See docs/benchmarks.md for the method.
 
-#[path = "bench/cluster.rs"]
 mod cluster;
-#[path = "bench/cost.rs"]
 mod cost;
-#[path = "bench/plot.rs"]
 mod plot;
-#[path = "bench/procs.rs"]
 mod procs;
-#[path = "bench/report.rs"]
 mod report;
-#[path = "bench/runs.rs"]
 mod runs;
-#[path = "bench/targets.rs"]
 mod targets;
-#[path = "bench/watch.rs"]
 mod watch;
 
 use std::path::PathBuf;
@@ -260,7 +252,7 @@ fn find_picket(o: &Opts) -> anyhow::Result<PathBuf> {
     let p = exe.with_file_name("picket");
     if !p.exists() {
         bail!(
-            "{} not found: build it (cargo build --release --bins) or pass --picket-bin",
+            "{} not found: build it (cargo build --release --workspace --bins) or pass --picket-bin",
             p.display()
         );
     }

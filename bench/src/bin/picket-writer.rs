@@ -4,14 +4,14 @@
 //! the acknowledged writes, errors by kind and the longest gap between two
 //! acknowledged writes (the write-unavailability window). Used by the demo
 //! and the tests; works against picket and redis-sentinel. The loop itself
-//! is `picket::bench_client`, shared with `picket-bench`.
+//! is `picket_bench::client`, shared with `picket-bench`.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use picket::bench_client::{WriterConfig, run_writer};
+use picket_bench::client::{WriterConfig, run_writer};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use picket::bench_client::{WriteOp, WriterConfig, WriterSummary, run_writer};
+use picket_bench::client::{WriteOp, WriterConfig, WriterSummary, run_writer};
 use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;

@@ -16,7 +16,7 @@ use redis_protocol::resp2::types::BytesFrame;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::resp::{ClientOptions, Connection, RespError, ServerError, frame_text};
+use picket::resp::{ClientOptions, Connection, RespError, ServerError, frame_text};
 
 /// What the writing client does.
 #[derive(Debug, Clone)]
