@@ -166,7 +166,7 @@ impl Tilt {
             metrics::counter!(m::TILTS).increment(1);
             metrics::gauge!(m::TILT).set(1.0);
             self.events.emit(
-                "+tilt",
+                crate::events::EventKind::Tilt,
                 format!("#tilt mode entered (timer jumped {} ms)", gap.as_millis()),
             );
         }
@@ -180,7 +180,8 @@ impl Tilt {
             Some(_) => {
                 *g = None;
                 metrics::gauge!(m::TILT).set(0.0);
-                self.events.emit("-tilt", "#tilt mode exited");
+                self.events
+                    .emit(crate::events::EventKind::TiltExit, "#tilt mode exited");
                 false
             }
             None => false,

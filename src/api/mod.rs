@@ -741,7 +741,9 @@ mod tests {
         let mut cut_off = false;
         for _ in 0..6400 {
             for _ in 0..10 {
-                d.ctx.events.emit("+x", payload.clone());
+                d.ctx
+                    .events
+                    .emit(crate::events::EventKind::Sdown, payload.clone());
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
             admin

@@ -42,7 +42,7 @@ pub struct Candidate {
 }
 
 /// Why a replica was not chosen (for logs and status).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Exclusion {
     /// SDOWN.

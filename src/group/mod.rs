@@ -385,7 +385,7 @@ impl Group {
         );
         if *addr != self.master {
             self.ctx.events.emit(
-                "+slave",
+                crate::events::EventKind::Slave,
                 replica_details(addr, &self.cfg.name, &self.master),
             );
         }
@@ -474,11 +474,15 @@ impl Group {
         };
         let up = match t {
             Transition::Down => {
-                self.ctx.events.emit("+sdown", details);
+                self.ctx
+                    .events
+                    .emit(crate::events::EventKind::Sdown, details);
                 0.0
             }
             Transition::Up => {
-                self.ctx.events.emit("-sdown", details);
+                self.ctx
+                    .events
+                    .emit(crate::events::EventKind::SdownCleared, details);
                 1.0
             }
         };
@@ -597,11 +601,14 @@ impl Group {
             self.master_role_down = down;
             let details = master_details(&self.cfg.name, &self.master);
             if down {
+                self.ctx.events.emit(
+                    crate::events::EventKind::Sdown,
+                    format!("{details} #reports role:slave"),
+                );
+            } else {
                 self.ctx
                     .events
-                    .emit("+sdown", format!("{details} #reports role:slave"));
-            } else {
-                self.ctx.events.emit("-sdown", details);
+                    .emit(crate::events::EventKind::SdownCleared, details);
             }
             metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone())
                 .set(if self.master_sdown() { 1.0 } else { 0.0 });
@@ -680,7 +687,7 @@ impl Group {
             (true, None) => {
                 self.odown_since = Some(now);
                 self.ctx.events.emit(
-                    "+odown",
+                    crate::events::EventKind::Odown,
                     format!(
                         "{} #quorum {}/{}",
                         master_details(&self.cfg.name, &self.master),
@@ -692,9 +699,10 @@ impl Group {
             }
             (false, Some(_)) => {
                 self.odown_since = None;
-                self.ctx
-                    .events
-                    .emit("-odown", master_details(&self.cfg.name, &self.master));
+                self.ctx.events.emit(
+                    crate::events::EventKind::OdownCleared,
+                    master_details(&self.cfg.name, &self.master),
+                );
                 metrics::gauge!(m::MASTER_ODOWN, "group" => self.cfg.name.clone()).set(0.0);
             }
             _ => {}
@@ -837,7 +845,7 @@ impl Group {
             } else if split || now.duration_since(el.started) >= timeout {
                 let el = self.election.take();
                 self.ctx.events.emit(
-                    "-failover-abort-not-elected",
+                    crate::events::EventKind::AbortNotElected,
                     master_details(&self.cfg.name, &self.master),
                 );
                 metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => if split { "split" } else { "lost" }).increment(1);
@@ -940,7 +948,7 @@ impl Group {
             Err(e) => {
                 if kind == Kind::Unplanned {
                     self.ctx.events.emit(
-                        "-failover-abort-no-good-slave",
+                        crate::events::EventKind::AbortNoGoodSlave,
                         master_details(&self.cfg.name, &self.master),
                     );
                     tracing::warn!(group = %self.cfg.name, reason = %e, "no replica to promote");
@@ -964,9 +972,11 @@ impl Group {
             }
         };
         metrics::gauge!(m::CURRENT_EPOCH).set(epoch as f64);
-        self.ctx.events.emit("+new-epoch", epoch.to_string());
+        self.ctx
+            .events
+            .emit(crate::events::EventKind::NewEpoch, epoch.to_string());
         self.ctx.events.emit(
-            "+try-failover",
+            crate::events::EventKind::TryFailover,
             master_details(&self.cfg.name, &self.master),
         );
         tracing::info!(group = %self.cfg.name, epoch, candidate = %candidate, ?kind, "starting election");
@@ -994,7 +1004,7 @@ impl Group {
         metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => "won")
             .increment(1);
         self.ctx.events.emit(
-            "+elected-leader",
+            crate::events::EventKind::ElectedLeader,
             master_details(&self.cfg.name, &self.master),
         );
         self.ctx
@@ -1008,7 +1018,7 @@ impl Group {
                     Ok(c) => c,
                     Err(e) => {
                         self.ctx.events.emit(
-                            "-failover-abort-no-good-slave",
+                            crate::events::EventKind::AbortNoGoodSlave,
                             master_details(&self.cfg.name, &self.master),
                         );
                         tracing::warn!(group = %self.cfg.name, reason = %e, "no replica to promote");
@@ -1046,7 +1056,7 @@ impl Group {
             started: el.started,
         });
         self.ctx.events.emit(
-            "+failover-state-select-slave",
+            crate::events::EventKind::FailoverStateSelectSlave,
             master_details(&self.cfg.name, &self.master),
         );
         self.run_actions(actions);
@@ -1102,7 +1112,7 @@ impl Group {
                         }
                         _ => format!("{} {detail}", master_details(&self.cfg.name, &self.master)),
                     };
-                    self.ctx.events.emit(ch, msg);
+                    self.ctx.events.emit(legacy_kind(ch), msg);
                 }
                 Action::Fence { old_master } => {
                     let fence = Fence {
@@ -1161,7 +1171,7 @@ impl Group {
                     let ops = self.ops.clone();
                     let flavour = self.flavour_of(&replica);
                     self.ctx.events.emit(
-                        "+slave-reconf-sent",
+                        crate::events::EventKind::SlaveReconfSent,
                         replica_details(&replica, &self.cfg.name, &self.master),
                     );
                     tokio::spawn(async move {
@@ -1269,7 +1279,7 @@ impl Group {
         if old != master {
             if let Some(from) = from {
                 self.ctx.events.emit(
-                    "+config-update-from",
+                    crate::events::EventKind::ConfigUpdateFrom,
                     format!(
                         "sentinel {from} @ {} {} {}",
                         self.cfg.name, master.host, master.port
@@ -1277,7 +1287,7 @@ impl Group {
                 );
             }
             self.ctx.events.emit(
-                "+switch-master",
+                crate::events::EventKind::SwitchMaster,
                 format!(
                     "{} {} {} {} {}",
                     self.cfg.name, old.host, old.port, master.host, master.port
@@ -1519,7 +1529,7 @@ impl Group {
         }
         for (addr, flavour) in demote {
             self.ctx.events.emit(
-                "+convert-to-slave",
+                crate::events::EventKind::ConvertToSlave,
                 replica_details(&addr, &self.cfg.name, &master),
             );
             tracing::info!(group = %self.cfg.name, instance = %addr, master = %master, "demoting a stray master");
@@ -1536,7 +1546,7 @@ impl Group {
         }
         for (addr, flavour) in repoint {
             self.ctx.events.emit(
-                "+fix-slave-config",
+                crate::events::EventKind::FixSlaveConfig,
                 replica_details(&addr, &self.cfg.name, &master),
             );
             let ops = self.ops.clone();
@@ -1692,7 +1702,7 @@ impl Group {
                     *p = PeerState::default();
                 }
                 self.ctx.events.emit(
-                    "+reset-master",
+                    crate::events::EventKind::ResetMaster,
                     master_details(&self.cfg.name, &self.master),
                 );
                 self.refresh_info(&master);
@@ -1748,9 +1758,10 @@ impl Group {
                 {
                     metrics::counter!(m::VOTES_GRANTED, "group" => self.cfg.name.clone())
                         .increment(1);
-                    self.ctx
-                        .events
-                        .emit("+vote-for-leader", format!("{candidate} {}", q.epoch));
+                    self.ctx.events.emit(
+                        crate::events::EventKind::VoteForLeader,
+                        format!("{candidate} {}", q.epoch),
+                    );
                     // Do not compete with the leader we voted for.
                     if let Some(el) = self.election.take()
                         && let Some(r) = el.switchover_reply
@@ -1912,6 +1923,46 @@ impl Group {
             recorded: self.recorders.iter().flat_map(|r| r.history()).collect(),
         };
         self.view_tx.send_replace(Arc::new(view));
+    }
+}
+
+fn legacy_kind(ch: &str) -> crate::events::EventKind {
+    match ch {
+        "+sdown" => crate::events::EventKind::Sdown,
+        "-sdown" => crate::events::EventKind::SdownCleared,
+        "+odown" => crate::events::EventKind::Odown,
+        "-odown" => crate::events::EventKind::OdownCleared,
+        "+new-epoch" => crate::events::EventKind::NewEpoch,
+        "+try-failover" => crate::events::EventKind::TryFailover,
+        "+vote-for-leader" => crate::events::EventKind::VoteForLeader,
+        "+elected-leader" => crate::events::EventKind::ElectedLeader,
+        "-failover-abort-not-elected" => crate::events::EventKind::AbortNotElected,
+        "-failover-abort-no-good-slave" => crate::events::EventKind::AbortNoGoodSlave,
+        "-failover-abort-slave-timeout" => crate::events::EventKind::AbortSlaveTimeout,
+        "-failover-abort-switchover" => crate::events::EventKind::AbortSwitchover,
+        "+failover-state-select-slave" => crate::events::EventKind::FailoverStateSelectSlave,
+        "+selected-slave" => crate::events::EventKind::SelectedSlave,
+        "+failover-state-send-slaveof-noone" => {
+            crate::events::EventKind::FailoverStateSendSlaveofNoone
+        }
+        "+promoted-slave" => crate::events::EventKind::PromotedSlave,
+        "+failover-state-reconf-slaves" => crate::events::EventKind::FailoverStateReconfSlaves,
+        "-publish-incomplete" => crate::events::EventKind::PublishIncomplete,
+        "+slave-reconf-sent" => crate::events::EventKind::SlaveReconfSent,
+        "+slave-reconf-done" => crate::events::EventKind::SlaveReconfDone,
+        "-slave-reconf-sent-timeout" => crate::events::EventKind::SlaveReconfSentTimeout,
+        "-slave-reconf-failed" => crate::events::EventKind::SlaveReconfFailed,
+        "+failover-end" => crate::events::EventKind::FailoverEnd,
+        "+failover-end-for-timeout" => crate::events::EventKind::FailoverEndForTimeout,
+        "+switch-master" => crate::events::EventKind::SwitchMaster,
+        "+config-update-from" => crate::events::EventKind::ConfigUpdateFrom,
+        "+convert-to-slave" => crate::events::EventKind::ConvertToSlave,
+        "+fix-slave-config" => crate::events::EventKind::FixSlaveConfig,
+        "+slave" => crate::events::EventKind::Slave,
+        "+reset-master" => crate::events::EventKind::ResetMaster,
+        "+tilt" => crate::events::EventKind::Tilt,
+        "-tilt" => crate::events::EventKind::TiltExit,
+        _ => crate::events::EventKind::PublishIncomplete,
     }
 }
 

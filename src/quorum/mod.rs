@@ -1,4 +1,8 @@
-//! Peers, votes, epochs and the persisted state.
+//! The quorum: links to the peers and their protocol, ODOWN and the
+//! election, votes and epochs, and the persisted state.
 
+pub mod election;
 pub mod peers;
+#[cfg(test)]
+mod sim;
 pub mod state;

@@ -22,6 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::addr::Addr;
 use crate::metrics as m;
+pub use crate::quorum::election::Vote;
+use crate::quorum::election::{VoteRecord, cast_vote, new_epoch};
 
 /// File name inside `data_dir`.
 pub const STATE_FILE: &str = "state.json";
@@ -93,6 +95,20 @@ pub struct GroupRecord {
     pub voted_for: Option<String>,
 }
 
+impl GroupRecord {
+    fn vote_record(&self) -> VoteRecord {
+        VoteRecord {
+            vote_epoch: self.vote_epoch,
+            voted_for: self.voted_for.clone(),
+        }
+    }
+
+    fn set_vote_record(&mut self, r: VoteRecord) {
+        self.vote_epoch = r.vote_epoch;
+        self.voted_for = r.voted_for;
+    }
+}
+
 /// The whole persisted state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PersistedState {
@@ -104,15 +120,6 @@ pub struct PersistedState {
     pub current_epoch: u64,
     /// Per group.
     pub groups: BTreeMap<String, GroupRecord>,
-}
-
-/// The outcome of a vote request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Vote {
-    /// Whom this daemon voted for in `epoch` (None: nobody).
-    pub leader: Option<String>,
-    /// The epoch of that vote.
-    pub epoch: u64,
 }
 
 /// Owner of the state file. Shared by all group tasks; every update is
@@ -302,44 +309,25 @@ impl StateStore {
     /// Start an election: a new epoch, and this daemon's own vote in it.
     pub fn start_election(&self, group: &str) -> Result<u64, StateError> {
         self.update(|s| {
-            s.current_epoch += 1;
-            let epoch = s.current_epoch;
             let id = s.daemon_id.clone();
             let g = s.groups.entry(group.to_string()).or_default();
-            g.vote_epoch = epoch;
-            g.voted_for = Some(id);
+            let mut rec = g.vote_record();
+            let epoch = new_epoch(&mut s.current_epoch, &mut rec, &id);
+            g.set_vote_record(rec);
             (epoch, true)
         })
     }
 
-    /// Sentinel's vote rule: one vote per (group, epoch), never for an epoch
-    /// lower than the current one. The vote is durable before this returns;
-    /// the result is the vote on record (possibly an earlier one).
+    /// Sentinel's vote rule ([`cast_vote`]): one vote per (group, epoch),
+    /// never for an epoch lower than the current one. The vote is durable
+    /// before this returns; the result is the vote on record (possibly an
+    /// earlier one).
     pub fn vote(&self, group: &str, epoch: u64, candidate: &str) -> Result<Vote, StateError> {
         self.update(|s| {
-            let mut changed = false;
-            if epoch > s.current_epoch {
-                s.current_epoch = epoch;
-                changed = true;
-            }
-            let current = s.current_epoch;
             let g = s.groups.entry(group.to_string()).or_default();
-            if g.vote_epoch < epoch && current <= epoch {
-                g.vote_epoch = epoch;
-                g.voted_for = Some(candidate.to_string());
-                changed = true;
-            }
-            let vote = if g.vote_epoch == epoch {
-                Vote {
-                    leader: g.voted_for.clone(),
-                    epoch,
-                }
-            } else {
-                Vote {
-                    leader: g.voted_for.clone(),
-                    epoch: g.vote_epoch,
-                }
-            };
+            let mut rec = g.vote_record();
+            let (vote, changed) = cast_vote(&mut s.current_epoch, &mut rec, epoch, candidate);
+            g.set_vote_record(rec);
             (vote, changed)
         })
     }

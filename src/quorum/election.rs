@@ -1,0 +1,808 @@
+//! ODOWN and the election (DESIGN.md, failover steps 2–4), as a pure
+//! machine: observations, peer answers and persistence results in, actions
+//! out. The group task carries the actions out (asks the peers, persists
+//! the epoch, starts the failover machine, emits events) and feeds the
+//! results back; the machine never touches a socket, a file or a clock.
+//!
+//! ```text
+//!             ODOWN, back-off over                 random delay over
+//!  Watching ───────────────────────▶ Delay ──────────────────────────▶ Starting
+//!     ▲  ▲                             │ ODOWN gone                      │ epoch persisted
+//!     │  └─────────────────────────────┘                                 ▼
+//!     │        (failover completed)        won (majority and quorum)  Electing
+//!     ├──────────────────────────── FailingOver ◀────────────────────────┤
+//!     │                                  │ aborted                       │ lost, split, timed out,
+//!     │            back-off over         ▼                               │ no replica, voted for another
+//!     └─────────────────────────────  Backoff ◀──────────────────────────┘
+//! ```
+//!
+//! - **ODOWN** (step 2): this daemon sees the master down and at least
+//!   `quorum` daemons (self included) said so in answers no older than
+//!   [`Settings::answer_ttl`]. It is tracked beside the stage: it comes and
+//!   goes in any stage and only starts an election from `Watching`.
+//! - **Election** (step 3): a new epoch, persisted before any vote request
+//!   goes out ([`Action::PersistNewEpoch`]); won with a majority of all
+//!   configured daemons and at least `quorum` votes. A random delay before
+//!   starting and a random retry after a split keep the daemons from
+//!   colliding; a loss or a vote for another daemon backs off for
+//!   `failover_timeout` (Sentinel's rule).
+//! - **Selection** (step 4) is asked of the group through [`Replicas`] when
+//!   the election starts and again when it is won, so the replica promoted
+//!   is the best one on the freshest view; a replica that a previous leader
+//!   of this failover intended to promote goes first.
+//!
+//! The voter's side is here too: [`may_vote`] (a stale asker gets no vote)
+//! and [`cast_vote`] (one vote per epoch), which the state store applies to
+//! the persisted record. The in-process simulation in the tests runs three
+//! and five of these machines over a faulty network.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+
+use crate::addr::Addr;
+use crate::events::{Detail, EventKind};
+use crate::failover::machine::Kind;
+use crate::failover::{FailoverError, NoGoodReplica};
+use crate::quorum::peers::{IsDownQuery, IsDownReply};
+
+/// What the machine needs to know of the group and the quorum.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// This daemon's id (votes name daemons by id).
+    pub id: String,
+    /// Configured daemons, this one included.
+    pub daemons: usize,
+    /// The group's `quorum`.
+    pub quorum: usize,
+    /// The master's PING period (`down_after / 4`, bounded).
+    pub ping_period: Duration,
+    /// `down_after`.
+    pub down_after: Duration,
+    /// `failover_timeout`.
+    pub failover_timeout: Duration,
+}
+
+impl Settings {
+    /// A majority of all configured daemons.
+    pub fn majority(&self) -> usize {
+        self.daemons / 2 + 1
+    }
+
+    /// Votes a candidate needs: a majority and at least `quorum`.
+    pub fn votes_needed(&self) -> usize {
+        self.majority().max(self.quorum)
+    }
+
+    /// How long a peer's "down" answer counts: three probe periods, at
+    /// least 1 s.
+    pub fn answer_ttl(&self) -> Duration {
+        (self.ping_period * 3).max(Duration::from_secs(1))
+    }
+
+    /// How often peers are asked while the master is SDOWN.
+    fn ask_period(&self) -> Duration {
+        (self.ping_period / 2).clamp(Duration::from_millis(20), Duration::from_millis(500))
+    }
+
+    /// How long an election may take before it counts as lost.
+    fn election_timeout(&self) -> Duration {
+        (self.down_after * 2)
+            .clamp(Duration::from_secs(1), Duration::from_secs(10))
+            .min(self.failover_timeout)
+    }
+
+    /// The longest random delay before starting an election.
+    fn start_delay(&self) -> Duration {
+        (self.ping_period / 2).clamp(Duration::from_millis(50), Duration::from_millis(150))
+    }
+
+    /// The spread of the quick retry after a split vote.
+    fn split_spread(&self) -> Duration {
+        (self.ping_period * 2).max(Duration::from_millis(300))
+    }
+
+    /// The random part of a back-off, wide so that two daemons whose
+    /// elections split do not collide again on the retry.
+    fn backoff_spread(&self) -> Duration {
+        self.ping_period.max(Duration::from_secs(1))
+    }
+}
+
+/// What one peer last answered to `IS-DOWN`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerAnswer {
+    /// It sees the master down.
+    pub down: bool,
+    /// When the answer arrived (None: none, or forgotten after a stall).
+    pub answered_at: Option<Instant>,
+    /// The highest epoch of a question it answered.
+    pub answered_epoch: u64,
+    /// Its vote, as it reported it.
+    pub leader: Option<String>,
+    /// The epoch of that vote.
+    pub leader_epoch: u64,
+}
+
+/// An election this daemon runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ballot {
+    /// Its epoch.
+    pub epoch: u64,
+    /// When it started (also the failover's start, for its duration).
+    pub started: Instant,
+    /// The replica this daemon will promote if it wins.
+    pub candidate: Addr,
+    /// Unplanned failover or planned switchover.
+    pub kind: Kind,
+}
+
+/// Where the election is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stage {
+    /// Nothing to do but watch (ODOWN may hold, back-off over).
+    Watching,
+    /// No election before `until` (after a loss, an abort, a vote for another).
+    Backoff {
+        /// The earliest next attempt.
+        until: Instant,
+    },
+    /// The random delay before starting, against split votes.
+    Delay {
+        /// When the election starts (if ODOWN still holds).
+        until: Instant,
+    },
+    /// The new epoch is being persisted; the candidate is chosen.
+    Starting {
+        /// Unplanned or planned.
+        kind: Kind,
+        /// The replica to promote.
+        candidate: Addr,
+        /// When it began.
+        since: Instant,
+    },
+    /// Vote requests are out.
+    Electing(Ballot),
+    /// Won: the failover machine runs.
+    FailingOver {
+        /// The epoch won.
+        epoch: u64,
+        /// Unplanned or planned.
+        kind: Kind,
+    },
+}
+
+/// The election's result, for the metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElectionResult {
+    /// Won.
+    Won,
+    /// Timed out, or nobody can win any more with the votes out.
+    Lost,
+    /// Every daemon answered and no candidate has enough votes.
+    Split,
+}
+
+impl ElectionResult {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ElectionResult::Won => "won",
+            ElectionResult::Lost => "lost",
+            ElectionResult::Split => "split",
+        }
+    }
+}
+
+/// A question to every peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    /// A vote request in this epoch for this daemon, which will promote
+    /// `promote`; None: only whether the master is down (current epoch).
+    pub vote: Option<(u64, Addr)>,
+}
+
+/// What the group must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send `PICKET IS-DOWN` to every peer; answers come back through
+    /// [`Election::on_answer`].
+    Ask(Ask),
+    /// Persist a new epoch with this daemon's own vote in it; the result
+    /// comes back through [`Election::on_epoch`].
+    PersistNewEpoch,
+    /// The election is won: run the failover machine for it. The
+    /// candidate was checked again on the freshest view.
+    StartFailover(Ballot),
+    /// Publish an event.
+    Event(EventKind, Detail),
+    /// An election ended (metric).
+    Ended(ElectionResult),
+    /// The answer to a pending switchover request.
+    Switchover(Result<(), FailoverError>),
+}
+
+/// The group's replicas, as selection sees them.
+pub trait Replicas {
+    /// The best replica to promote (only `to` when given).
+    fn select(&self, to: Option<&Addr>) -> Result<Addr, NoGoodReplica>;
+    /// Whether `addr` could be promoted now.
+    fn eligible(&self, addr: &Addr) -> bool;
+}
+
+/// What the group observes at an instant.
+pub struct Observation<'a> {
+    /// Now.
+    pub now: Instant,
+    /// This daemon sees the master down (SDOWN, or `role:slave` for too long).
+    pub master_sdown: bool,
+    /// Stall protection is active: nothing is decided.
+    pub tilt: bool,
+    /// The group's config epoch.
+    pub config_epoch: u64,
+    /// Its replicas.
+    pub replicas: &'a dyn Replicas,
+}
+
+/// The ODOWN detector and election of one group.
+#[derive(Debug)]
+pub struct Election {
+    settings: Settings,
+    stage: Stage,
+    peers: Vec<PeerAnswer>,
+    odown_since: Option<Instant>,
+    last_ask: Option<Instant>,
+    /// A replica a leader intends to promote in a newer epoch than the
+    /// group's config (its own, or one a vote request named).
+    intended: Option<(u64, Addr)>,
+    rng: StdRng,
+}
+
+fn rand_up_to(rng: &mut StdRng, max: Duration) -> Duration {
+    let ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(rng.random_range(0..=ms))
+}
+
+impl Election {
+    /// A machine for `peers` peers (daemons − 1). `seed` makes its random
+    /// delays reproducible (tests, the simulation); None seeds from the OS.
+    pub fn new(settings: Settings, peers: usize, seed: Option<u64>) -> Election {
+        Election {
+            settings,
+            stage: Stage::Watching,
+            peers: vec![PeerAnswer::default(); peers],
+            odown_since: None,
+            last_ask: None,
+            intended: None,
+            rng: match seed {
+                Some(s) => StdRng::seed_from_u64(s),
+                None => StdRng::from_os_rng(),
+            },
+        }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The current stage.
+    pub fn stage(&self) -> &Stage {
+        &self.stage
+    }
+
+    /// The peers' last answers (config order).
+    pub fn peers(&self) -> &[PeerAnswer] {
+        &self.peers
+    }
+
+    /// When ODOWN began, while it holds.
+    pub fn odown_since(&self) -> Option<Instant> {
+        self.odown_since
+    }
+
+    /// Whether an election or a failover runs (nothing else may
+    /// reconfigure the group meanwhile).
+    pub fn busy(&self) -> bool {
+        matches!(
+            self.stage,
+            Stage::Starting { .. } | Stage::Electing(_) | Stage::FailingOver { .. }
+        )
+    }
+
+    /// The end of the back-off, while one holds.
+    pub fn backoff_until(&self, now: Instant) -> Option<Instant> {
+        match self.stage {
+            Stage::Backoff { until } if now < until => Some(until),
+            _ => None,
+        }
+    }
+
+    /// When the machine wants to be ticked next, besides the group's
+    /// regular tick (the end of the pre-election delay, exactly: rounded
+    /// to a tick, every daemon's delay ended on the same tick).
+    pub fn deadline(&self) -> Option<Instant> {
+        match self.stage {
+            Stage::Delay { until } => Some(until),
+            _ => None,
+        }
+    }
+
+    /// The replica a leader of a newer epoch than `config_epoch` intends
+    /// to promote: it must be neither demoted nor re-pointed.
+    pub fn intended(&self, config_epoch: u64) -> Option<&Addr> {
+        self.intended
+            .as_ref()
+            .filter(|(e, _)| *e > config_epoch)
+            .map(|(_, a)| a)
+    }
+
+    /// Daemons (self included) that see the master down now.
+    pub fn down_votes(&self, now: Instant, master_sdown: bool) -> usize {
+        let ttl = self.settings.answer_ttl();
+        usize::from(master_sdown)
+            + self
+                .peers
+                .iter()
+                .filter(|p| {
+                    p.down
+                        && p.answered_at
+                            .is_some_and(|t| now.saturating_duration_since(t) <= ttl)
+                })
+                .count()
+    }
+
+    /// Whether the peer at `idx` said recently that it sees the master down.
+    pub fn peer_sees_down(&self, idx: usize, now: Instant) -> bool {
+        let ttl = self.settings.answer_ttl();
+        self.peers.get(idx).is_some_and(|p| {
+            p.down
+                && p.answered_at
+                    .is_some_and(|t| now.saturating_duration_since(t) <= ttl)
+        })
+    }
+
+    /// The master has just gone down: ask the peers at the next tick
+    /// instead of waiting for the ask period.
+    pub fn master_went_down(&mut self) {
+        self.last_ask = None;
+    }
+
+    /// Time passed (the group's tick, or [`Election::deadline`]).
+    pub fn tick(&mut self, o: &Observation<'_>) -> Vec<Action> {
+        let mut out = Vec::new();
+        if o.master_sdown && !o.tilt && !matches!(self.stage, Stage::FailingOver { .. }) {
+            let due = self
+                .last_ask
+                .is_none_or(|t| o.now.saturating_duration_since(t) >= self.settings.ask_period());
+            if due {
+                self.last_ask = Some(o.now);
+                out.push(Action::Ask(Ask { vote: None }));
+            }
+        }
+        self.update_odown(o, &mut out);
+        self.drive(o, &mut out);
+        out
+    }
+
+    /// A peer answered a question asked in `asked_epoch`.
+    pub fn on_answer(
+        &mut self,
+        o: &Observation<'_>,
+        peer: usize,
+        asked_epoch: u64,
+        at: Instant,
+        reply: &IsDownReply,
+    ) -> Vec<Action> {
+        let Some(p) = self.peers.get_mut(peer) else {
+            return Vec::new();
+        };
+        p.down = reply.down;
+        p.answered_at = Some(at);
+        p.answered_epoch = p.answered_epoch.max(asked_epoch);
+        // An answer without a vote in an older epoch must not hide a vote
+        // seen before (answers arrive out of order).
+        if reply.leader.is_some() || reply.leader_epoch >= p.leader_epoch {
+            p.leader = reply.leader.clone();
+            p.leader_epoch = reply.leader_epoch;
+        }
+        let mut out = Vec::new();
+        self.update_odown(o, &mut out);
+        self.drive(o, &mut out);
+        out
+    }
+
+    /// A planned switchover was asked for (`SENTINEL FAILOVER`).
+    pub fn request_switchover(&mut self, o: &Observation<'_>, to: Option<&Addr>) -> Vec<Action> {
+        if self.busy() {
+            return vec![Action::Switchover(Err(FailoverError::InProgress))];
+        }
+        if o.master_sdown {
+            return vec![Action::Switchover(Err(FailoverError::MasterDown))];
+        }
+        self.start(o, Kind::Switchover, to)
+    }
+
+    /// The new epoch of [`Action::PersistNewEpoch`] is durable (or not).
+    pub fn on_epoch(&mut self, o: &Observation<'_>, result: Result<u64, String>) -> Vec<Action> {
+        let Stage::Starting {
+            kind, candidate, ..
+        } = &self.stage
+        else {
+            // Abandoned meanwhile (a vote for another daemon, a newer
+            // config): the epoch and our own vote in it are harmless.
+            return Vec::new();
+        };
+        let (kind, candidate) = (*kind, candidate.clone());
+        let mut out = Vec::new();
+        match result {
+            Ok(epoch) => {
+                for p in self.peers.iter_mut() {
+                    p.leader = None;
+                }
+                self.stage = Stage::Electing(Ballot {
+                    epoch,
+                    started: o.now,
+                    candidate: candidate.clone(),
+                    kind,
+                });
+                out.push(Action::Event(
+                    EventKind::NewEpoch,
+                    Detail::Text(epoch.to_string()),
+                ));
+                out.push(Action::Event(EventKind::TryFailover, Detail::Master));
+                out.push(Action::Ask(Ask {
+                    vote: Some((epoch, candidate)),
+                }));
+                // Alone (or with a quorum of one) the own vote may suffice.
+                self.drive(o, &mut out);
+            }
+            Err(e) => {
+                self.back_off(o.now);
+                if kind == Kind::Switchover {
+                    out.push(Action::Switchover(Err(FailoverError::Persist(e))));
+                }
+            }
+        }
+        out
+    }
+
+    /// This daemon's vote for `q` is durable: `vote` is the vote on
+    /// record. A vote granted to another daemon makes this one stand back
+    /// (Sentinel: no own attempt for `failover_timeout`). Returns whether
+    /// the vote went to the asker.
+    pub fn on_vote_cast(
+        &mut self,
+        now: Instant,
+        q: &IsDownQuery,
+        vote: &Vote,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        let Some(candidate) = q.candidate.as_deref() else {
+            return false;
+        };
+        let granted = vote.epoch == q.epoch
+            && vote.leader.as_deref() == Some(candidate)
+            && candidate != self.settings.id;
+        if !granted {
+            return false;
+        }
+        out.push(Action::Event(
+            EventKind::VoteForLeader,
+            Detail::Text(format!("{candidate} {}", q.epoch)),
+        ));
+        match &self.stage {
+            Stage::FailingOver { .. } => {}
+            Stage::Starting { kind, .. } | Stage::Electing(Ballot { kind, .. }) => {
+                if *kind == Kind::Switchover {
+                    out.push(Action::Switchover(Err(FailoverError::AnotherLeader)));
+                }
+                self.back_off(now);
+            }
+            _ => self.back_off(now),
+        }
+        if let Some(p) = &q.promote {
+            self.intended = Some((q.epoch, p.clone()));
+        }
+        true
+    }
+
+    /// The failover machine could not start: no replica qualifies on the
+    /// freshest view.
+    pub fn on_failover_not_started(&mut self, now: Instant) {
+        self.back_off(now);
+    }
+
+    /// The failover ended; after an abort the next attempt waits.
+    pub fn on_failover_end(&mut self, now: Instant, completed: bool) {
+        if completed {
+            self.stage = Stage::Watching;
+        } else {
+            self.back_off(now);
+        }
+    }
+
+    /// The group adopted a config (its own publication or a peer's) in
+    /// `epoch`: the old master's ODOWN is over without a `-odown`, and an
+    /// intention of that epoch or an older one is fulfilled.
+    pub fn on_master_changed(&mut self, epoch: u64) {
+        self.odown_since = None;
+        if self.intended.as_ref().is_some_and(|(e, _)| *e <= epoch) {
+            self.intended = None;
+        }
+    }
+
+    /// A peer's newer config was adopted: this daemon's own election or
+    /// failover is moot.
+    pub fn abandon(&mut self) -> Vec<Action> {
+        let mut out = Vec::new();
+        match &self.stage {
+            Stage::Starting { kind, .. } | Stage::Electing(Ballot { kind, .. }) => {
+                if *kind == Kind::Switchover {
+                    out.push(Action::Switchover(Err(FailoverError::NewerConfig)));
+                }
+                self.stage = Stage::Watching;
+            }
+            Stage::FailingOver { .. } => self.stage = Stage::Watching,
+            _ => {}
+        }
+        out
+    }
+
+    /// The process stalled: what the peers said before is stale.
+    pub fn on_stall(&mut self) {
+        for p in self.peers.iter_mut() {
+            p.answered_at = None;
+        }
+    }
+
+    /// `SENTINEL RESET`: forget every peer's answer.
+    pub fn reset(&mut self) {
+        for p in self.peers.iter_mut() {
+            *p = PeerAnswer::default();
+        }
+    }
+
+    fn update_odown(&mut self, o: &Observation<'_>, out: &mut Vec<Action>) {
+        let votes = self.down_votes(o.now, o.master_sdown);
+        let odown = !o.tilt && o.master_sdown && votes >= self.settings.quorum;
+        match (odown, self.odown_since) {
+            (true, None) => {
+                self.odown_since = Some(o.now);
+                out.push(Action::Event(
+                    EventKind::Odown,
+                    Detail::MasterAnd(format!("#quorum {votes}/{}", self.settings.quorum)),
+                ));
+            }
+            (false, Some(_)) => {
+                self.odown_since = None;
+                out.push(Action::Event(EventKind::OdownCleared, Detail::Master));
+            }
+            _ => {}
+        }
+    }
+
+    fn back_off(&mut self, now: Instant) {
+        let jitter = rand_up_to(&mut self.rng, self.settings.backoff_spread());
+        self.stage = Stage::Backoff {
+            until: now + self.settings.failover_timeout + jitter,
+        };
+    }
+
+    fn votes_for_me(&self, epoch: u64) -> usize {
+        1 + self
+            .peers
+            .iter()
+            .filter(|p| {
+                p.leader_epoch == epoch && p.leader.as_deref() == Some(self.settings.id.as_str())
+            })
+            .count()
+    }
+
+    /// Whether the election in `epoch` can no longer be won by anybody:
+    /// every peer answered it with a vote in it and no daemon holds enough
+    /// votes. Then nobody fails over, and retrying soon is safe. (A peer
+    /// that refused to vote, e.g. for a stale view, is not a split.)
+    fn split(&self, epoch: u64) -> bool {
+        if self
+            .peers
+            .iter()
+            .any(|p| p.answered_epoch < epoch || p.leader_epoch != epoch || p.leader.is_none())
+        {
+            return false;
+        }
+        let mut tally: Vec<(&str, usize)> = vec![(self.settings.id.as_str(), 1)];
+        for l in self.peers.iter().filter_map(|p| p.leader.as_deref()) {
+            match tally.iter_mut().find(|(id, _)| *id == l) {
+                Some((_, n)) => *n += 1,
+                None => tally.push((l, 1)),
+            }
+        }
+        tally.iter().all(|(_, n)| *n < self.settings.votes_needed())
+    }
+
+    fn drive(&mut self, o: &Observation<'_>, out: &mut Vec<Action>) {
+        match &self.stage {
+            Stage::FailingOver { .. } | Stage::Starting { .. } => {}
+            Stage::Electing(b) => {
+                let b = b.clone();
+                if self.votes_for_me(b.epoch) >= self.settings.votes_needed() {
+                    self.won(o, b, out);
+                    return;
+                }
+                let split = self.split(b.epoch);
+                if split
+                    || o.now.saturating_duration_since(b.started)
+                        >= self.settings.election_timeout()
+                {
+                    out.push(Action::Event(EventKind::AbortNotElected, Detail::Master));
+                    if split {
+                        // Nobody won: retry after a short random delay
+                        // instead of a whole failover_timeout.
+                        out.push(Action::Ended(ElectionResult::Split));
+                        let d = rand_up_to(&mut self.rng, self.settings.split_spread());
+                        self.stage = Stage::Backoff { until: o.now + d };
+                    } else {
+                        out.push(Action::Ended(ElectionResult::Lost));
+                        self.back_off(o.now);
+                    }
+                    if b.kind == Kind::Switchover {
+                        out.push(Action::Switchover(Err(FailoverError::NotElected)));
+                    }
+                }
+            }
+            Stage::Watching | Stage::Backoff { .. } | Stage::Delay { .. } => {
+                let waiting = matches!(self.stage, Stage::Backoff { until } if o.now < until);
+                if o.tilt || self.odown_since.is_none() || waiting {
+                    if matches!(self.stage, Stage::Delay { .. }) {
+                        self.stage = Stage::Watching;
+                    }
+                    return;
+                }
+                match self.stage {
+                    Stage::Delay { until } if o.now >= until => {
+                        out.extend(self.start(o, Kind::Unplanned, None));
+                    }
+                    Stage::Delay { .. } => {}
+                    _ => {
+                        let d = rand_up_to(&mut self.rng, self.settings.start_delay());
+                        self.stage = Stage::Delay { until: o.now + d };
+                        if d.is_zero() {
+                            out.extend(self.start(o, Kind::Unplanned, None));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn choose(&self, o: &Observation<'_>, to: Option<&Addr>) -> Result<Addr, NoGoodReplica> {
+        // A replica a previous leader of this failover intended to promote
+        // goes first, so that a leader that died half-way is not followed
+        // by the promotion of a second replica.
+        if to.is_none()
+            && let Some(a) = self.intended(o.config_epoch)
+            && o.replicas.eligible(a)
+        {
+            return Ok(a.clone());
+        }
+        o.replicas.select(to)
+    }
+
+    fn start(&mut self, o: &Observation<'_>, kind: Kind, to: Option<&Addr>) -> Vec<Action> {
+        match self.choose(o, to) {
+            Ok(candidate) => {
+                self.stage = Stage::Starting {
+                    kind,
+                    candidate,
+                    since: o.now,
+                };
+                vec![Action::PersistNewEpoch]
+            }
+            Err(e) => {
+                let mut out = Vec::new();
+                if kind == Kind::Unplanned {
+                    out.push(Action::Event(EventKind::AbortNoGoodSlave, Detail::Master));
+                    self.back_off(o.now);
+                } else {
+                    out.push(Action::Switchover(Err(e.into())));
+                }
+                out
+            }
+        }
+    }
+
+    fn won(&mut self, o: &Observation<'_>, b: Ballot, out: &mut Vec<Action>) {
+        out.push(Action::Ended(ElectionResult::Won));
+        out.push(Action::Event(EventKind::ElectedLeader, Detail::Master));
+        // Re-check the candidate with the freshest view.
+        let candidate = if b.kind == Kind::Unplanned {
+            match o
+                .replicas
+                .select(Some(&b.candidate))
+                .or_else(|_| self.choose(o, None))
+            {
+                Ok(c) => c,
+                Err(_) => {
+                    out.push(Action::Event(EventKind::AbortNoGoodSlave, Detail::Master));
+                    self.back_off(o.now);
+                    return;
+                }
+            }
+        } else {
+            out.push(Action::Switchover(Ok(())));
+            b.candidate.clone()
+        };
+        self.intended = Some((b.epoch, candidate.clone()));
+        self.stage = Stage::FailingOver {
+            epoch: b.epoch,
+            kind: b.kind,
+        };
+        out.push(Action::StartFailover(Ballot { candidate, ..b }));
+    }
+}
+
+/// Whether a vote request may be considered at all: the asker means this
+/// daemon's master and is not behind its config. A candidate with a stale
+/// view would promote a replica of a master that is no longer current.
+pub fn may_vote(q: &IsDownQuery, master: &Addr, config_epoch: u64) -> bool {
+    q.candidate.is_some() && q.master == *master && q.config_epoch >= config_epoch
+}
+
+/// A daemon's vote in one group, as persisted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VoteRecord {
+    /// The epoch of the last vote.
+    pub vote_epoch: u64,
+    /// Whom it voted for then (a daemon id).
+    pub voted_for: Option<String>,
+}
+
+/// The outcome of a vote request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vote {
+    /// Whom this daemon voted for in `epoch` (None: nobody).
+    pub leader: Option<String>,
+    /// The epoch of that vote.
+    pub epoch: u64,
+}
+
+/// Sentinel's vote rule: one vote per (group, epoch), never in an epoch
+/// below the current one; the current epoch rises to the one asked.
+/// Returns the vote on record (possibly an earlier one) and whether the
+/// state changed (then it must be durable before the answer goes out).
+pub fn cast_vote(
+    current_epoch: &mut u64,
+    record: &mut VoteRecord,
+    epoch: u64,
+    candidate: &str,
+) -> (Vote, bool) {
+    let mut changed = false;
+    if epoch > *current_epoch {
+        *current_epoch = epoch;
+        changed = true;
+    }
+    if record.vote_epoch < epoch && *current_epoch <= epoch {
+        record.vote_epoch = epoch;
+        record.voted_for = Some(candidate.to_string());
+        changed = true;
+    }
+    let vote = Vote {
+        leader: record.voted_for.clone(),
+        epoch: record.vote_epoch,
+    };
+    (vote, changed)
+}
+
+/// A new epoch for an election of this daemon, with its own vote in it.
+pub fn new_epoch(current_epoch: &mut u64, record: &mut VoteRecord, id: &str) -> u64 {
+    *current_epoch += 1;
+    record.vote_epoch = *current_epoch;
+    record.voted_for = Some(id.to_string());
+    *current_epoch
+}
+
+#[cfg(test)]
+mod tests;

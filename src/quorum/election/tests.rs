@@ -1,0 +1,466 @@
+//! Unit tests of the election machine, in paused time.
+
+use super::*;
+use tokio::time::advance;
+
+fn a(p: u16) -> Addr {
+    Addr::new("127.0.0.1", p)
+}
+
+/// Replicas for the tests: `ok` can be promoted, in order of preference.
+struct Fixed {
+    ok: Vec<Addr>,
+}
+
+impl Replicas for Fixed {
+    fn select(&self, to: Option<&Addr>) -> Result<Addr, NoGoodReplica> {
+        match to {
+            Some(t) if self.ok.contains(t) => Ok(t.clone()),
+            Some(t) => Err(NoGoodReplica::Unknown(t.clone())),
+            None => self
+                .ok
+                .first()
+                .cloned()
+                .ok_or(NoGoodReplica::NoneSuitable(Vec::new())),
+        }
+    }
+    fn eligible(&self, addr: &Addr) -> bool {
+        self.ok.contains(addr)
+    }
+}
+
+fn settings(daemons: usize, quorum: usize) -> Settings {
+    Settings {
+        id: "me".into(),
+        daemons,
+        quorum,
+        ping_period: Duration::from_millis(250),
+        down_after: Duration::from_secs(1),
+        failover_timeout: Duration::from_secs(30),
+    }
+}
+
+fn obs<'a>(sdown: bool, r: &'a Fixed) -> Observation<'a> {
+    Observation {
+        now: Instant::now(),
+        master_sdown: sdown,
+        tilt: false,
+        config_epoch: 1,
+        replicas: r,
+    }
+}
+
+fn reply(down: bool, leader: Option<&str>, epoch: u64) -> IsDownReply {
+    IsDownReply {
+        down,
+        leader: leader.map(str::to_string),
+        leader_epoch: epoch,
+    }
+}
+
+fn events(actions: &[Action]) -> Vec<EventKind> {
+    actions
+        .iter()
+        .filter_map(|x| match x {
+            Action::Event(k, _) => Some(*k),
+            _ => None,
+        })
+        .collect()
+}
+
+fn has(actions: &[Action], f: impl Fn(&Action) -> bool) -> bool {
+    actions.iter().any(f)
+}
+
+/// Tick until the pre-election delay ends; returns the actions of the
+/// tick that started the election.
+async fn through_delay(e: &mut Election, r: &Fixed) -> Vec<Action> {
+    let mut acts = e.tick(&obs(true, r));
+    for _ in 0..20 {
+        if has(&acts, |x| *x == Action::PersistNewEpoch) {
+            return acts;
+        }
+        let Some(until) = e.deadline() else {
+            return acts;
+        };
+        advance(until.saturating_duration_since(Instant::now())).await;
+        acts = e.tick(&obs(true, r));
+    }
+    acts
+}
+
+/// ODOWN with both peers of three, ready to start.
+fn odown_machine(r: &Fixed) -> Election {
+    let mut e = Election::new(settings(3, 2), 2, Some(7));
+    let o = obs(true, r);
+    let acts = e.tick(&o);
+    assert!(has(&acts, |x| *x == Action::Ask(Ask { vote: None })));
+    let acts = e.on_answer(&o, 0, 1, o.now, &reply(true, None, 0));
+    assert!(events(&acts).contains(&EventKind::Odown));
+    e
+}
+
+#[tokio::test(start_paused = true)]
+async fn odown_needs_the_quorum_with_fresh_answers() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = Election::new(settings(3, 2), 2, Some(1));
+    let o = obs(true, &r);
+    assert!(events(&e.tick(&o)).is_empty(), "SDOWN alone is not ODOWN");
+    // A peer that does not see it down does not count.
+    let acts = e.on_answer(&o, 0, 1, o.now, &reply(false, None, 0));
+    assert!(e.odown_since().is_none(), "{acts:?}");
+    let acts = e.on_answer(&o, 1, 1, o.now, &reply(true, None, 0));
+    assert_eq!(
+        acts.iter()
+            .find(|x| matches!(x, Action::Event(EventKind::Odown, _))),
+        Some(&Action::Event(
+            EventKind::Odown,
+            Detail::MasterAnd("#quorum 2/2".into())
+        ))
+    );
+    assert_eq!(e.down_votes(Instant::now(), true), 2);
+    // The answer ages out: ODOWN ends with -odown.
+    advance(e.settings().answer_ttl() + Duration::from_millis(1)).await;
+    let acts = e.tick(&obs(true, &r));
+    assert!(events(&acts).contains(&EventKind::OdownCleared), "{acts:?}");
+    assert!(e.odown_since().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn peers_are_asked_at_the_ask_period_not_every_tick() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = Election::new(settings(3, 2), 2, Some(1));
+    let asks = |acts: &[Action]| acts.iter().filter(|x| matches!(x, Action::Ask(_))).count();
+    assert_eq!(asks(&e.tick(&obs(true, &r))), 1);
+    advance(Duration::from_millis(10)).await;
+    assert_eq!(asks(&e.tick(&obs(true, &r))), 0);
+    // The master going down again asks at once.
+    e.master_went_down();
+    assert_eq!(asks(&e.tick(&obs(true, &r))), 1);
+    advance(Duration::from_millis(125)).await;
+    assert_eq!(asks(&e.tick(&obs(true, &r))), 1);
+    // Not while the master is up.
+    advance(Duration::from_secs(1)).await;
+    assert_eq!(asks(&e.tick(&obs(false, &r))), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tilt_decides_nothing() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = Election::new(settings(3, 2), 2, Some(1));
+    let mut o = obs(true, &r);
+    o.tilt = true;
+    let acts = e.tick(&o);
+    assert!(acts.is_empty(), "{acts:?}");
+    let acts = e.on_answer(&o, 0, 1, o.now, &reply(true, None, 0));
+    assert!(acts.is_empty() && e.odown_since().is_none(), "{acts:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_random_delay_then_an_election_won_with_a_majority() {
+    let r = Fixed {
+        ok: vec![a(2), a(3)],
+    };
+    let mut e = odown_machine(&r);
+    let start = Instant::now();
+    let acts = through_delay(&mut e, &r).await;
+    assert!(has(&acts, |x| *x == Action::PersistNewEpoch), "{acts:?}");
+    assert!(Instant::now() - start <= Duration::from_millis(150));
+    assert!(matches!(e.stage(), Stage::Starting { candidate, .. } if *candidate == a(2)));
+    assert!(e.busy());
+    let o = obs(true, &r);
+    let acts = e.on_epoch(&o, Ok(5));
+    assert_eq!(
+        events(&acts),
+        vec![EventKind::NewEpoch, EventKind::TryFailover]
+    );
+    assert!(has(&acts, |x| *x
+        == Action::Ask(Ask {
+            vote: Some((5, a(2)))
+        })));
+    assert!(matches!(e.stage(), Stage::Electing(b) if b.epoch == 5));
+    // One vote for me from a peer: 2 of 3.
+    let acts = e.on_answer(&o, 1, 5, o.now, &reply(true, Some("me"), 5));
+    assert!(has(&acts, |x| *x == Action::Ended(ElectionResult::Won)));
+    assert!(events(&acts).contains(&EventKind::ElectedLeader));
+    let started = acts.iter().find_map(|x| match x {
+        Action::StartFailover(b) => Some(b.clone()),
+        _ => None,
+    });
+    assert_eq!(started.map(|b| (b.epoch, b.candidate)), Some((5, a(2))));
+    assert_eq!(
+        e.stage(),
+        &Stage::FailingOver {
+            epoch: 5,
+            kind: Kind::Unplanned
+        }
+    );
+    assert_eq!(e.intended(1), Some(&a(2)));
+    // Nothing more happens while the failover runs.
+    assert!(!has(&e.tick(&obs(true, &r)), |x| matches!(
+        x,
+        Action::Ask(_)
+    )));
+    e.on_master_changed(5);
+    assert_eq!(e.intended(1), None);
+    e.on_failover_end(Instant::now(), true);
+    assert_eq!(e.stage(), &Stage::Watching);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_split_vote_retries_soon_a_lost_one_backs_off() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = odown_machine(&r);
+    through_delay(&mut e, &r).await;
+    let o = obs(true, &r);
+    e.on_epoch(&o, Ok(3));
+    // Each peer voted for itself in epoch 3: nobody can win.
+    e.on_answer(&o, 0, 3, o.now, &reply(true, Some("b"), 3));
+    let acts = e.on_answer(&o, 1, 3, o.now, &reply(true, Some("c"), 3));
+    assert!(
+        has(&acts, |x| *x == Action::Ended(ElectionResult::Split)),
+        "{acts:?}"
+    );
+    assert!(events(&acts).contains(&EventKind::AbortNotElected));
+    let until = e.backoff_until(Instant::now()).unwrap_or(Instant::now());
+    assert!(until - Instant::now() <= Duration::from_millis(500));
+
+    // Another round that nobody answers: lost at the election timeout,
+    // then no attempt for failover_timeout.
+    let mut e = odown_machine(&r);
+    through_delay(&mut e, &r).await;
+    e.on_epoch(&obs(true, &r), Ok(4));
+    advance(Duration::from_secs(2)).await;
+    // Keep ODOWN alive with fresh answers that carry no vote.
+    let o = obs(true, &r);
+    let acts = e.on_answer(&o, 0, 4, o.now, &reply(true, None, 0));
+    assert!(
+        has(&acts, |x| *x == Action::Ended(ElectionResult::Lost)),
+        "{acts:?}"
+    );
+    let until = e.backoff_until(Instant::now()).unwrap_or(Instant::now());
+    assert!(until - Instant::now() >= Duration::from_secs(30));
+    advance(Duration::from_secs(29)).await;
+    let o = obs(true, &r);
+    e.on_answer(&o, 0, 4, o.now, &reply(true, None, 0));
+    assert!(!has(&e.tick(&o), |x| *x == Action::PersistNewEpoch));
+    assert!(e.deadline().is_none(), "no delay during the back-off");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_vote_for_another_daemon_stands_this_one_back() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = odown_machine(&r);
+    through_delay(&mut e, &r).await;
+    e.on_epoch(&obs(true, &r), Ok(6));
+    let q = IsDownQuery {
+        group: "g".into(),
+        master: a(1),
+        config_epoch: 1,
+        epoch: 7,
+        candidate: Some("b".into()),
+        promote: Some(a(3)),
+    };
+    let mut out = Vec::new();
+    let vote = Vote {
+        leader: Some("b".into()),
+        epoch: 7,
+    };
+    assert!(e.on_vote_cast(Instant::now(), &q, &vote, &mut out));
+    assert_eq!(events(&out), vec![EventKind::VoteForLeader]);
+    assert!(matches!(e.stage(), Stage::Backoff { .. }));
+    // The voters keep the candidate's replica: neither demoted nor passed over.
+    assert_eq!(e.intended(1), Some(&a(3)));
+    // A vote on record for someone else is not a grant.
+    let mut out = Vec::new();
+    let other = Vote {
+        leader: Some("c".into()),
+        epoch: 7,
+    };
+    assert!(!e.on_vote_cast(Instant::now(), &q, &other, &mut out));
+    assert!(out.is_empty());
+    // An epoch persisted after the stand-back starts nothing.
+    assert!(e.on_epoch(&obs(true, &r), Ok(8)).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_intended_replica_goes_first() {
+    let r = Fixed {
+        ok: vec![a(2), a(3)],
+    };
+    let mut e = odown_machine(&r);
+    let q = IsDownQuery {
+        group: "g".into(),
+        master: a(1),
+        config_epoch: 1,
+        epoch: 2,
+        candidate: Some("b".into()),
+        promote: Some(a(3)),
+    };
+    let vote = Vote {
+        leader: Some("b".into()),
+        epoch: 2,
+    };
+    e.on_vote_cast(Instant::now(), &q, &vote, &mut Vec::new());
+    // The leader died half-way; after the back-off this daemon takes over
+    // with the same replica, not the "best" one.
+    advance(Duration::from_secs(32)).await;
+    let o = obs(true, &r);
+    e.on_answer(&o, 0, 2, o.now, &reply(true, None, 0));
+    through_delay(&mut e, &r).await;
+    assert!(matches!(e.stage(), Stage::Starting { candidate, .. } if *candidate == a(3)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_replica_backs_off_with_an_event() {
+    let none = Fixed { ok: Vec::new() };
+    let mut e = odown_machine(&none);
+    let acts = through_delay(&mut e, &none).await;
+    assert!(
+        events(&acts).contains(&EventKind::AbortNoGoodSlave),
+        "{acts:?}"
+    );
+    assert!(matches!(e.stage(), Stage::Backoff { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn switchover_requests_and_their_answers() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = Election::new(settings(3, 2), 2, Some(3));
+    assert_eq!(
+        e.request_switchover(&obs(true, &r), None),
+        vec![Action::Switchover(Err(FailoverError::MasterDown))]
+    );
+    assert_eq!(
+        e.request_switchover(&obs(false, &r), Some(&a(9))),
+        vec![Action::Switchover(Err(FailoverError::NoGoodReplica(
+            NoGoodReplica::Unknown(a(9))
+        )))]
+    );
+    assert_eq!(
+        e.request_switchover(&obs(false, &r), None),
+        vec![Action::PersistNewEpoch]
+    );
+    assert_eq!(
+        e.request_switchover(&obs(false, &r), None),
+        vec![Action::Switchover(Err(FailoverError::InProgress))]
+    );
+    let o = obs(false, &r);
+    e.on_epoch(&o, Ok(2));
+    let acts = e.on_answer(&o, 0, 2, o.now, &reply(false, Some("me"), 2));
+    assert!(has(&acts, |x| *x == Action::Switchover(Ok(()))), "{acts:?}");
+    assert!(has(
+        &acts,
+        |x| matches!(x, Action::StartFailover(b) if b.kind == Kind::Switchover)
+    ));
+
+    // A switchover that cannot win is answered NotElected.
+    let mut e = Election::new(settings(3, 2), 2, Some(3));
+    e.request_switchover(&obs(false, &r), None);
+    e.on_epoch(&obs(false, &r), Ok(3));
+    advance(Duration::from_secs(3)).await;
+    let acts = e.tick(&obs(false, &r));
+    assert!(
+        has(&acts, |x| *x
+            == Action::Switchover(Err(FailoverError::NotElected))),
+        "{acts:?}"
+    );
+
+    // A newer config from a peer answers it NewerConfig.
+    let mut e = Election::new(settings(3, 2), 2, Some(3));
+    e.request_switchover(&obs(false, &r), None);
+    assert_eq!(
+        e.abandon(),
+        vec![Action::Switchover(Err(FailoverError::NewerConfig))]
+    );
+    assert_eq!(e.stage(), &Stage::Watching);
+
+    // A failed persistence answers it with the error.
+    let mut e = Election::new(settings(3, 2), 2, Some(3));
+    e.request_switchover(&obs(false, &r), None);
+    assert_eq!(
+        e.on_epoch(&obs(false, &r), Err("disk full".into())),
+        vec![Action::Switchover(Err(FailoverError::Persist(
+            "disk full".into()
+        )))]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn alone_the_own_vote_wins() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = Election::new(settings(1, 1), 0, Some(5));
+    through_delay(&mut e, &r).await;
+    let acts = e.on_epoch(&obs(true, &r), Ok(1));
+    assert!(
+        has(&acts, |x| matches!(x, Action::StartFailover(_))),
+        "{acts:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_older_answer_does_not_hide_a_vote() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = Election::new(settings(3, 2), 2, Some(5));
+    let o = obs(true, &r);
+    e.on_answer(&o, 0, 4, o.now, &reply(true, Some("me"), 4));
+    e.on_answer(&o, 0, 3, o.now, &reply(true, None, 3));
+    assert_eq!(e.peers()[0].leader.as_deref(), Some("me"));
+    assert_eq!(e.peers()[0].leader_epoch, 4);
+    assert_eq!(e.peers()[0].answered_epoch, 4);
+    e.on_stall();
+    assert!(e.peers()[0].answered_at.is_none());
+    e.reset();
+    assert_eq!(e.peers()[0], PeerAnswer::default());
+}
+
+#[test]
+fn one_vote_per_epoch_never_below_the_current_one() {
+    let mut current = 0;
+    let mut rec = VoteRecord::default();
+    let (v, changed) = cast_vote(&mut current, &mut rec, 5, "b");
+    assert!(changed);
+    assert_eq!(
+        v,
+        Vote {
+            leader: Some("b".into()),
+            epoch: 5
+        }
+    );
+    // A second candidate in the same epoch gets the recorded vote back.
+    let (v, changed) = cast_vote(&mut current, &mut rec, 5, "c");
+    assert!(!changed);
+    assert_eq!(v.leader.as_deref(), Some("b"));
+    // An older epoch gets nothing new.
+    let (v, _) = cast_vote(&mut current, &mut rec, 4, "c");
+    assert_eq!(v.epoch, 5);
+    // An epoch below the current one gets no vote even if never voted in.
+    current = 10;
+    let (v, _) = cast_vote(&mut current, &mut rec, 9, "c");
+    assert_eq!(v.leader.as_deref(), Some("b"));
+    let (v, _) = cast_vote(&mut current, &mut rec, 11, "c");
+    assert_eq!((v.leader.as_deref(), v.epoch, current), (Some("c"), 11, 11));
+    assert_eq!(new_epoch(&mut current, &mut rec, "me"), 12);
+    assert_eq!(rec.voted_for.as_deref(), Some("me"));
+}
+
+#[test]
+fn stale_askers_get_no_vote() {
+    let q = IsDownQuery {
+        group: "g".into(),
+        master: a(1),
+        config_epoch: 3,
+        epoch: 9,
+        candidate: Some("b".into()),
+        promote: None,
+    };
+    assert!(may_vote(&q, &a(1), 3));
+    assert!(may_vote(&q, &a(1), 2));
+    assert!(!may_vote(&q, &a(1), 4), "behind this daemon's config");
+    assert!(!may_vote(&q, &a(2), 3), "another master");
+    let q = IsDownQuery {
+        candidate: None,
+        ..q
+    };
+    assert!(!may_vote(&q, &a(1), 3), "not a vote request");
+}
