@@ -68,8 +68,8 @@ pub struct DaemonConfig {
     #[serde(default)]
     pub log_format: LogFormat,
     /// The other daemons of the quorum (`host:port` of their `listen`).
-    #[serde(default)]
-    pub peers: Vec<String>,
+    #[serde(default, deserialize_with = "addrs_as_written")]
+    pub peers: Vec<Addr>,
     /// Maximum number of simultaneous client connections on `listen`.
     #[serde(default = "default_max_clients")]
     pub max_clients: usize,
@@ -82,7 +82,8 @@ pub struct GroupConfig {
     /// Name of the group (Sentinel's "master name").
     pub name: String,
     /// The initial master (`host:port`); replicas are discovered from its INFO.
-    pub master: String,
+    #[serde(deserialize_with = "addr_as_written")]
+    pub master: Addr,
     /// Daemons (self included) that must see the master down before a failover.
     pub quorum: u32,
     /// How long without a valid reply before this daemon sees an instance down.
@@ -287,6 +288,39 @@ fn default_parallel_syncs() -> u32 {
 fn default_role_label() -> String {
     "role".to_string()
 }
+/// An address that does not parse is kept as written, with port 0 (which
+/// no valid address has), so that `validate()` reports it together with
+/// every other problem of the file instead of stopping the parse at it.
+fn addr_as_written<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Addr, D::Error> {
+    let text = String::deserialize(d)?;
+    Ok(text.parse().unwrap_or(Addr {
+        host: text,
+        port: 0,
+    }))
+}
+
+/// A list of addresses, each kept as [`addr_as_written`] does.
+fn addrs_as_written<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Addr>, D::Error> {
+    let texts = Vec::<String>::deserialize(d)?;
+    Ok(texts
+        .into_iter()
+        .map(|text| {
+            text.parse().unwrap_or(Addr {
+                host: text,
+                port: 0,
+            })
+        })
+        .collect())
+}
+
+/// Why an address kept by [`addr_as_written`] is not one.
+fn addr_problem(a: &Addr) -> Option<String> {
+    (a.port == 0).then(|| match a.host.parse::<Addr>() {
+        Err(e) => e.to_string(),
+        Ok(_) => format!("invalid address {:?}", a.host),
+    })
+}
+
 fn default_master_value() -> String {
     "master".to_string()
 }
@@ -769,8 +803,9 @@ impl Config {
                 }
             }
             // Two groups sharing a master would fail it over twice.
-            if let Ok(master) = group.master.parse::<Addr>() {
-                match masters.get(&addr_key(&master)) {
+            if group.master.port != 0 {
+                let master = &group.master;
+                match masters.get(&addr_key(master)) {
                     Some(&first) => v.add(
                         format!("{key}.master"),
                         format!(
@@ -779,7 +814,7 @@ impl Config {
                         ),
                     ),
                     None => {
-                        masters.insert(addr_key(&master), i);
+                        masters.insert(addr_key(master), i);
                     }
                 }
             }
@@ -821,7 +856,15 @@ impl Config {
         lines.push(if d.peers.is_empty() {
             "peers: none (a single daemon)".to_string()
         } else {
-            format!("peers ({}): {}", d.peers.len(), d.peers.join(", "))
+            format!(
+                "peers ({}): {}",
+                d.peers.len(),
+                d.peers
+                    .iter()
+                    .map(Addr::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         });
         if self.groups.is_empty() {
             lines.push("groups: none".to_string());
@@ -904,10 +947,10 @@ impl DaemonConfig {
         let mut seen: HashMap<AddrKey, usize> = HashMap::new();
         for (i, peer) in self.peers.iter().enumerate() {
             let key = format!("daemon.peers[{i}]");
-            match peer.parse::<Addr>() {
-                Err(e) => v.add(key, e.to_string()),
-                Ok(a) => {
-                    let id = addr_key(&a);
+            match addr_problem(peer) {
+                Some(e) => v.add(key, e),
+                None => {
+                    let id = addr_key(peer);
                     if own.contains(&id) {
                         v.add(
                             key,
@@ -960,9 +1003,7 @@ fn socket_addr(v: &mut Problems, key: &str, s: &str, example: &str) -> Option<So
 impl GroupConfig {
     fn validate(&self, key: &str, daemons: usize, v: &mut Problems) {
         v.check(format!("{key}.name"), group_name_problem(&self.name));
-        if let Err(e) = self.master.parse::<Addr>() {
-            v.add(format!("{key}.master"), e.to_string());
-        }
+        v.check(format!("{key}.master"), addr_problem(&self.master));
         if self.quorum == 0 || self.quorum as usize > daemons {
             v.add(
                 format!("{key}.quorum"),

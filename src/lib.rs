@@ -18,6 +18,7 @@
 pub mod addr;
 pub mod api;
 pub mod config;
+pub mod context;
 pub mod daemon;
 pub mod discovery;
 pub mod events;
@@ -31,6 +32,7 @@ pub mod reload;
 pub mod resp;
 pub mod service;
 pub mod status_table;
+pub mod tilt;
 pub mod tls;
 
 use std::sync::Arc;
@@ -39,11 +41,15 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::addr::Addr;
 use crate::config::Config;
-use crate::daemon::{Daemon, DaemonCtx, PeerTable, Tilt};
+use crate::context::DaemonCtx;
+use crate::daemon::Daemon;
 use crate::events::Events;
 use crate::quorum::peers::{PeerLink, peer_client_options};
 use crate::quorum::state::{StateError, StateStore};
+use crate::quorum::table::PeerTable;
+use crate::tilt::Tilt;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -100,10 +106,12 @@ impl Running {
         tracing::info!("shutting down");
         self.cancel.cancel();
         self.tasks.close();
-        if tokio::time::timeout(SHUTDOWN_GRACE, self.tasks.wait())
-            .await
-            .is_err()
-        {
+        self.daemon.group_tasks.close();
+        let all = async {
+            self.tasks.wait().await;
+            self.daemon.group_tasks.wait().await;
+        };
+        if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
             tracing::warn!("some tasks did not stop within {SHUTDOWN_GRACE:?}");
         }
     }
@@ -155,7 +163,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         .iter()
         .map(|p| {
             PeerLink::spawn(
-                p.clone(),
+                p.to_string(),
                 peer_client_options(password.clone(), peer_timeout),
                 cancel.clone(),
             )
@@ -171,7 +179,14 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         id: id.clone(),
         announce,
         state,
-        peer_table: PeerTable::new(&config.daemon.peers),
+        peer_table: PeerTable::new(
+            &config
+                .daemon
+                .peers
+                .iter()
+                .map(Addr::to_string)
+                .collect::<Vec<_>>(),
+        ),
         peers,
         events: events.clone(),
         hello_now: tokio::sync::Notify::new(),
@@ -187,11 +202,14 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         metrics,
         ready: Default::default(),
         started: tokio::time::Instant::now(),
+        group_tasks: Default::default(),
     });
     for g in &config.groups {
-        let handle = start_group(g, &ctx, &cancel).map_err(|reason| RunError::Group {
-            group: g.name.clone(),
-            reason,
+        let handle = start_group(g, &ctx, &cancel, &daemon.group_tasks).map_err(|reason| {
+            RunError::Group {
+                group: g.name.clone(),
+                reason,
+            }
         })?;
         daemon
             .groups
@@ -199,7 +217,12 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
             .unwrap_or_else(|e| e.into_inner())
             .insert(g.name.clone(), handle);
     }
-    tasks.spawn(daemon::run_hello(daemon.clone(), cancel.clone()));
+    let own = daemon.clone();
+    tasks.spawn(quorum::hello::run(
+        ctx.clone(),
+        move || own.hello(),
+        cancel.clone(),
+    ));
     tasks.spawn(api::serve(
         resp,
         daemon.clone(),
@@ -220,18 +243,28 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     })
 }
 
-/// Start the decision task of one group with its discovery backends.
+/// Start the decision task of one group with its discovery backends, on
+/// `tasks`.
 pub fn start_group(
     g: &config::GroupConfig,
     ctx: &Arc<DaemonCtx>,
     cancel: &CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
 ) -> Result<group::GroupHandle, String> {
     let built = discovery::build(g)?;
     let runner = Arc::new(discovery::runner::DiscoveryRunner::new(
         g.name.clone(),
         built.backends,
     ));
-    group::spawn(g.clone(), ctx.clone(), runner, built.recorders, cancel)
+    group::spawn(
+        g.clone(),
+        ctx.clone(),
+        runner,
+        built.recorders,
+        cancel,
+        tasks,
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Run the daemon until `shutdown` is cancelled.

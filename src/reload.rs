@@ -159,7 +159,7 @@ pub fn plan(old: &Config, new: &Config) -> Result<Plan, ReloadError> {
 /// Check that a group could be started (secrets readable, TLS and discovery
 /// settings usable) without starting anything.
 fn dry_run(g: &GroupConfig) -> Result<(), String> {
-    crate::group::client_options(g)?;
+    crate::group::client_options(g).map_err(|e| e.to_string())?;
     crate::discovery::build(g)?;
     Ok(())
 }
@@ -240,7 +240,7 @@ pub async fn apply(
         if !gone.contains(name) {
             continue;
         }
-        match daemon.ctx.state.remove_group(name) {
+        match daemon.ctx.state.remove_group(name).await {
             Ok(()) => {
                 tracing::info!(group = %name, "group removed");
                 applied.removed.push(name.clone());
@@ -261,7 +261,7 @@ pub async fn apply(
             continue;
         }
         let Some(g) = settings(name) else { continue };
-        match crate::start_group(g, &daemon.ctx, cancel) {
+        match crate::start_group(g, &daemon.ctx, cancel, &daemon.group_tasks) {
             Ok(h) => {
                 daemon
                     .groups

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::{Api, Conn, Reply};
 use crate::addr::Addr;
 use crate::daemon::Daemon;
+use crate::failover::{FailoverError, NoGoodReplica};
 use crate::group::GroupMsg;
 use crate::quorum::peers::{Hello, IsDownQuery};
 
@@ -515,7 +516,7 @@ async fn picket(d: &Daemon, rest: &[String]) -> Reply {
                 Ok(h) => h,
                 Err(e) => return Reply::err(format!("ERR invalid hello: {e}")),
             };
-            if !d.apply_hello(&hello) {
+            if !crate::quorum::hello::receive(&d.ctx, &hello).await {
                 return Reply::err(format!(
                     "ERR unknown peer {} ({}): peers are static, list it in daemon.peers",
                     hello.addr, hello.id
@@ -541,8 +542,8 @@ async fn picket(d: &Daemon, rest: &[String]) -> Reply {
                 return arity("picket|simulate-failure");
             };
             let flags = match mode.to_lowercase().as_str() {
-                "crash-after-election" => crate::daemon::CRASH_AFTER_ELECTION,
-                "crash-after-promotion" => crate::daemon::CRASH_AFTER_PROMOTION,
+                "crash-after-election" => crate::context::CRASH_AFTER_ELECTION,
+                "crash-after-promotion" => crate::context::CRASH_AFTER_PROMOTION,
                 "none" => 0,
                 _ => {
                     return Reply::err(format!(
@@ -581,9 +582,24 @@ pub async fn is_down(h: &crate::group::GroupHandle, query: IsDownQuery) -> Reply
             Reply::bulk(r.leader.unwrap_or_else(|| "*".into())),
             Reply::Int(i64::try_from(r.leader_epoch).unwrap_or(i64::MAX)),
         ]),
-        Ok(Err(e)) => Reply::err(e),
+        Ok(Err(e)) => Reply::err(format!("ERR cannot persist the vote: {e}")),
         Err(_) => Reply::err("ERR group task stopped"),
     }
+}
+
+/// Sentinel's reply to a switchover that could not start or go on.
+fn failover_error(group: &str, e: &FailoverError) -> Reply {
+    Reply::err(match e {
+        FailoverError::InProgress => "INPROG Failover already in progress".to_string(),
+        FailoverError::AnotherLeader | FailoverError::NewerConfig => format!("INPROG {e}"),
+        FailoverError::MasterDown => "ERR the master is down: a switchover needs a live master (an automatic failover will handle it)".to_string(),
+        FailoverError::NoGoodReplica(NoGoodReplica::Unknown(a)) => {
+            format!("NOGOODSLAVE {a} is not a known replica of {group}")
+        }
+        FailoverError::NoGoodReplica(n) => format!("NOGOODSLAVE {n}"),
+        FailoverError::NotElected => "NOQUORUM could not win the election".to_string(),
+        FailoverError::Persist(why) => format!("ERR cannot persist state: {why}"),
+    })
 }
 
 /// Start a planned switchover of `group` (`PICKET FAILOVER`,
@@ -602,7 +618,7 @@ pub async fn switchover(d: &Daemon, group: &str, to: Option<Addr>) -> Reply {
     }
     match rx.await {
         Ok(Ok(())) => Reply::ok(),
-        Ok(Err(e)) => Reply::err(e),
+        Ok(Err(e)) => failover_error(group, &e),
         Err(_) => Reply::err("ERR group task stopped"),
     }
 }

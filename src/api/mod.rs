@@ -620,9 +620,11 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::{DaemonCtx, PeerTable, Tilt};
+    use crate::context::DaemonCtx;
     use crate::events::Events;
     use crate::quorum::state::StateStore;
+    use crate::quorum::table::PeerTable;
+    use crate::tilt::Tilt;
     use tokio::io::AsyncReadExt;
 
     fn daemon(dir: &std::path::Path, password: Option<&str>) -> Arc<Daemon> {
@@ -646,6 +648,7 @@ mod tests {
             config: std::sync::RwLock::new(config),
             metrics: None,
             ready: Default::default(),
+            group_tasks: Default::default(),
             started: Instant::now(),
         })
     }
@@ -713,12 +716,17 @@ mod tests {
         let sock = tokio::net::TcpSocket::new_v4().unwrap();
         sock.set_recv_buffer_size(4096).unwrap();
         let mut stalled = sock.connect(addr).await.unwrap();
-        stalled.write_all(&cmd(&["SUBSCRIBE", "+x"])).await.unwrap();
+        stalled
+            .write_all(&cmd(&["SUBSCRIBE", "+sdown"]))
+            .await
+            .unwrap();
         assert!(read_some(&mut stalled).await.contains("subscribe"));
         let mut good = TcpStream::connect(addr).await.unwrap();
         good.write_all(&cmd(&["HELLO", "3"])).await.unwrap();
         read_some(&mut good).await;
-        good.write_all(&cmd(&["SUBSCRIBE", "+x"])).await.unwrap();
+        good.write_all(&cmd(&["SUBSCRIBE", "+sdown"]))
+            .await
+            .unwrap();
         assert!(read_some(&mut good).await.starts_with(">3\r\n"));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stop2 = stop.clone();

@@ -14,7 +14,8 @@ use super::Reply;
 use super::commands::{arity, help, is_down, switchover, unknown_sub};
 use super::pubsub::glob_match;
 use crate::addr::Addr;
-use crate::daemon::{CRASH_AFTER_ELECTION, CRASH_AFTER_PROMOTION, Daemon};
+use crate::context::{CRASH_AFTER_ELECTION, CRASH_AFTER_PROMOTION};
+use crate::daemon::Daemon;
 use crate::group::GroupMsg;
 use crate::group::view::{GroupView, InstanceView, PeerView};
 use crate::probe::Role;
@@ -551,7 +552,7 @@ mod tests {
             failover_timeout_ms: 30000,
             parallel_syncs: 1,
             flush_on_failover: false,
-            status: "ok".into(),
+            status: crate::group::view::GroupStatus::Ok,
             reason: None,
             master_sdown: false,
             master_odown: false,
@@ -661,7 +662,7 @@ mod tests {
         v.instances[0].connected = false;
         v.failover = Some(FailoverView {
             epoch: 4,
-            kind: "failover".into(),
+            kind: crate::failover::machine::Kind::Unplanned,
             state: "send_slaveof_noone".into(),
             candidate: Some("10.0.0.2:6379".parse().unwrap()),
             started_ms: 5,

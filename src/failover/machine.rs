@@ -19,6 +19,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::addr::Addr;
+use crate::discovery::runner::RunnerError;
+use crate::events::{Detail, EventKind};
+use crate::failover::CommandFailed;
 
 /// Unplanned failover or planned switchover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,13 +81,13 @@ pub enum Input {
     /// Time passed.
     Tick,
     /// The fence was confirmed by the required backends (or failed).
-    Fenced(Result<(), String>),
+    Fenced(Result<(), RunnerError>),
     /// The promotion step ended.
     Promoted(Result<(), PromoteError>),
     /// The new config was persisted and published (required backends).
-    Published(Result<(), String>),
+    Published(Result<(), RunnerError>),
     /// A REPLICAOF to a replica was sent (or failed).
-    RepointSent(Addr, Result<(), String>),
+    RepointSent(Addr, Result<(), CommandFailed>),
     /// A replica reports the new master with its link up.
     ReplicaSynced(Addr),
 }
@@ -123,8 +126,8 @@ pub enum Action {
         /// Its new master.
         master: Addr,
     },
-    /// Publish an event (Sentinel channel name, payload detail).
-    Event(&'static str, String),
+    /// Publish an event.
+    Event(EventKind, Detail),
     /// The failover ended.
     Finished(Outcome),
 }
@@ -157,7 +160,6 @@ pub struct Failover {
     started: Instant,
     deadline: Instant,
     retry_at: Option<Instant>,
-    attempts: u32,
     todo: VecDeque<Addr>,
     in_flight: BTreeMap<Addr, Instant>,
     parallel_syncs: usize,
@@ -197,7 +199,6 @@ impl Failover {
             started: now,
             deadline: now + failover_timeout,
             retry_at: None,
-            attempts: 0,
             todo,
             in_flight: BTreeMap::new(),
             parallel_syncs: parallel_syncs.max(1) as usize,
@@ -206,7 +207,7 @@ impl Failover {
             reconf_deadline: None,
         };
         let actions = vec![
-            Action::Event("+selected-slave", candidate.to_string()),
+            Action::Event(EventKind::SelectedSlave, Detail::Replica(candidate.clone())),
             Action::Fence { old_master },
         ];
         (f, actions)
@@ -243,11 +244,11 @@ impl Failover {
     fn abort(&mut self, why: String) -> Vec<Action> {
         self.phase = Phase::Aborted;
         let ev = match self.kind {
-            Kind::Switchover => "-failover-abort-switchover",
-            Kind::Unplanned => "-failover-abort-slave-timeout",
+            Kind::Switchover => EventKind::AbortSwitchover,
+            Kind::Unplanned => EventKind::AbortSlaveTimeout,
         };
         vec![
-            Action::Event(ev, why.clone()),
+            Action::Event(ev, Detail::MasterAnd(why.clone())),
             Action::Finished(Outcome::Aborted(why)),
         ]
     }
@@ -266,7 +267,7 @@ impl Failover {
         }
         if self.todo.is_empty() && self.in_flight.is_empty() {
             self.phase = Phase::Done;
-            out.push(Action::Event("+failover-end", self.candidate.to_string()));
+            out.push(Action::Event(EventKind::FailoverEnd, Detail::Master));
             out.push(Action::Finished(Outcome::Completed));
         }
         out
@@ -280,12 +281,8 @@ impl Failover {
         match (self.phase, input) {
             (Phase::Fencing, Input::Fenced(Ok(()))) => {
                 self.phase = Phase::Promoting;
-                self.attempts = 1;
                 vec![
-                    Action::Event(
-                        "+failover-state-send-slaveof-noone",
-                        self.candidate.to_string(),
-                    ),
+                    Action::Event(EventKind::FailoverStateSendSlaveofNoone, Detail::Master),
                     self.promote_action(),
                 ]
             }
@@ -298,7 +295,10 @@ impl Failover {
             (Phase::Promoting, Input::Promoted(Ok(()))) => {
                 self.phase = Phase::Publishing;
                 vec![
-                    Action::Event("+promoted-slave", self.candidate.to_string()),
+                    Action::Event(
+                        EventKind::PromotedSlave,
+                        Detail::Replica(self.candidate.clone()),
+                    ),
                     Action::Publish {
                         master: self.candidate.clone(),
                     },
@@ -326,11 +326,14 @@ impl Failover {
                 // at least announced on the API. A backend that did not
                 // confirm keeps being retried by the discovery runner.
                 let mut out = vec![Action::Event(
-                    "+failover-state-reconf-slaves",
-                    self.candidate.to_string(),
+                    EventKind::FailoverStateReconfSlaves,
+                    Detail::Master,
                 )];
                 if let Err(e) = result {
-                    out.push(Action::Event("-publish-incomplete", e));
+                    out.push(Action::Event(
+                        EventKind::PublishIncomplete,
+                        Detail::MasterAnd(e.to_string()),
+                    ));
                 }
                 self.phase = Phase::Reconfiguring;
                 self.reconf_deadline = Some(now + self.reconf_timeout.max(Duration::from_secs(1)));
@@ -341,14 +344,20 @@ impl Failover {
                 // Count it as done: the group task fixes wrong replicas
                 // later (+fix-slave-config), as Sentinel does.
                 self.in_flight.remove(&addr);
-                let mut out = vec![Action::Event("-slave-reconf-failed", format!("{addr} {e}"))];
+                let mut out = vec![Action::Event(
+                    EventKind::SlaveReconfFailed,
+                    Detail::MasterAnd(format!("{addr} {e}")),
+                )];
                 out.extend(self.next_repoints(now));
                 out
             }
             (Phase::Reconfiguring, Input::RepointSent(_, Ok(()))) => Vec::new(),
             (Phase::Reconfiguring, Input::ReplicaSynced(addr)) => {
                 if self.in_flight.remove(&addr).is_some() {
-                    let mut out = vec![Action::Event("+slave-reconf-done", addr.to_string())];
+                    let mut out = vec![Action::Event(
+                        EventKind::SlaveReconfDone,
+                        Detail::Replica(addr.clone()),
+                    )];
                     out.extend(self.next_repoints(now));
                     out
                 } else {
@@ -379,7 +388,6 @@ impl Failover {
                     && now >= at
                 {
                     self.retry_at = None;
-                    self.attempts += 1;
                     return vec![self.promote_action()];
                 }
                 if now >= self.deadline && self.retry_at.is_some() {
@@ -397,7 +405,10 @@ impl Failover {
                     .collect();
                 for a in expired {
                     self.in_flight.remove(&a);
-                    out.push(Action::Event("-slave-reconf-sent-timeout", a.to_string()));
+                    out.push(Action::Event(
+                        EventKind::SlaveReconfSentTimeout,
+                        Detail::Replica(a.clone()),
+                    ));
                 }
                 if !out.is_empty() {
                     out.extend(self.next_repoints(now));
@@ -421,8 +432,8 @@ impl Failover {
                     }
                     self.phase = Phase::Done;
                     out.push(Action::Event(
-                        "+failover-end-for-timeout",
-                        self.candidate.to_string(),
+                        EventKind::FailoverEndForTimeout,
+                        Detail::Master,
                     ));
                     out.push(Action::Finished(Outcome::CompletedWithTimeout));
                 }
@@ -430,11 +441,6 @@ impl Failover {
             }
             _ => Vec::new(),
         }
-    }
-
-    /// Attempts at the promotion step so far.
-    pub fn attempts(&self) -> u32 {
-        self.attempts
     }
 }
 
@@ -610,7 +616,17 @@ mod tests {
         let (mut f, _) = start(Kind::Unplanned, false, vec![a(3)], 1);
         f.step(Instant::now(), Input::Fenced(Ok(())));
         f.step(Instant::now(), Input::Promoted(Ok(())));
-        let acts = f.step(Instant::now(), Input::Published(Err("k8s down".into())));
+        let down = RunnerError {
+            group: "g".into(),
+            op: crate::discovery::runner::OpKind::Publish,
+            epoch: 7,
+            failures: Vec::new(),
+        };
+        let acts = f.step(Instant::now(), Input::Published(Err(down)));
+        assert!(acts.iter().any(|x| matches!(
+            x,
+            Action::Event(EventKind::PublishIncomplete, Detail::MasterAnd(_))
+        )));
         assert!(
             !acts
                 .iter()

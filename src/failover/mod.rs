@@ -30,6 +30,18 @@ fn excluded_list(excluded: &[(Addr, Exclusion)]) -> String {
         .join(", ")
 }
 
+/// A command a data server refused or that could not be sent (the
+/// failover machine only reports it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CommandFailed(pub String);
+
+impl From<crate::resp::RespError> for CommandFailed {
+    fn from(e: crate::resp::RespError) -> Self {
+        CommandFailed(e.to_string())
+    }
+}
+
 /// Why a failover or switchover did not start or did not go on. The
 /// Sentinel-compatible API turns each into Sentinel's reply text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

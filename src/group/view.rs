@@ -2,11 +2,21 @@
 //! the Sentinel-compatible API read. Built by the group task; readers never
 //! touch the task's state.
 
-use serde::Serialize;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
+use serde::{Serialize, Serializer};
+use tokio::time::Instant;
+
+use super::{Group, ms};
 use crate::addr::Addr;
+use crate::config::GroupConfig;
 use crate::discovery::runner::BackendStatus;
+use crate::failover::machine::Kind;
+use crate::probe::info::InfoSnapshot;
 use crate::probe::{Flavour, Role};
+use crate::quorum::election::Stage;
+use crate::quorum::hello::PEER_TTL;
 
 /// One instance as this daemon sees it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -86,13 +96,73 @@ pub struct FailoverView {
     /// Its epoch.
     pub epoch: u64,
     /// `failover` or `switchover`.
-    pub kind: String,
+    #[serde(serialize_with = "kind_name")]
+    pub kind: Kind,
     /// Sentinel-style state name.
     pub state: String,
     /// The replica being promoted.
     pub candidate: Option<Addr>,
     /// Milliseconds since it began.
     pub started_ms: u64,
+}
+
+fn kind_name<S: Serializer>(k: &Kind, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(match k {
+        Kind::Unplanned => "failover",
+        Kind::Switchover => "switchover",
+    })
+}
+
+/// How the last failover ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailoverOutcome {
+    /// Published and every replica re-pointed.
+    Completed,
+    /// Published; some replicas did not confirm in time.
+    CompletedWithTimeout,
+    /// Nothing was published, for this reason.
+    Aborted(String),
+    /// Led by a peer; this daemon adopted the outcome.
+    Observed,
+}
+
+impl FailoverOutcome {
+    /// The `result` label of `picket_failovers_total`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            FailoverOutcome::Completed => "completed",
+            FailoverOutcome::CompletedWithTimeout => "completed_with_timeout",
+            FailoverOutcome::Aborted(_) => "aborted",
+            FailoverOutcome::Observed => "observed",
+        }
+    }
+}
+
+impl Serialize for FailoverOutcome {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            FailoverOutcome::Aborted(why) => s.collect_str(&format_args!("aborted: {why}")),
+            other => s.serialize_str(other.metric_label()),
+        }
+    }
+}
+
+/// What the group is doing, as `/v1/status` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupStatus {
+    /// The task has not published a view yet.
+    Starting,
+    /// The master is up.
+    Ok,
+    /// This daemon sees the master down.
+    Sdown,
+    /// The quorum sees the master down.
+    Odown,
+    /// An election or failover runs.
+    Failover,
+    /// Stall protection is active.
+    Tilt,
 }
 
 /// The last failover this daemon led or saw.
@@ -104,8 +174,8 @@ pub struct LastFailover {
     pub from: Addr,
     /// New master (None when aborted).
     pub to: Option<Addr>,
-    /// `completed`, `aborted: ...`, `observed`.
-    pub outcome: String,
+    /// `completed`, `completed_with_timeout`, `aborted: ...`, `observed`.
+    pub outcome: FailoverOutcome,
     /// Seconds since the Unix epoch when it ended.
     pub at_unix: u64,
     /// Duration in milliseconds (leader only).
@@ -133,8 +203,8 @@ pub struct GroupView {
     pub parallel_syncs: u32,
     /// `flush_on_failover`.
     pub flush_on_failover: bool,
-    /// `ok`, `sdown`, `odown`, `failover`, `tilt`.
-    pub status: String,
+    /// `starting`, `ok`, `sdown`, `odown`, `failover`, `tilt`.
+    pub status: GroupStatus,
     /// Why nothing happens when something might be expected (e.g. quorum).
     pub reason: Option<String>,
     /// The master is SDOWN for this daemon.
@@ -164,6 +234,40 @@ pub struct GroupView {
 }
 
 impl GroupView {
+    /// The view before the task's first publication.
+    pub(super) fn placeholder(
+        cfg: &GroupConfig,
+        master: &Addr,
+        config_epoch: u64,
+        daemons: usize,
+    ) -> GroupView {
+        GroupView {
+            name: cfg.name.clone(),
+            master: master.clone(),
+            config_epoch,
+            quorum: cfg.quorum,
+            daemons,
+            down_after_ms: ms(cfg.down_after),
+            failover_timeout_ms: ms(cfg.failover_timeout),
+            parallel_syncs: cfg.parallel_syncs,
+            flush_on_failover: cfg.flush_on_failover,
+            status: GroupStatus::Starting,
+            reason: None,
+            master_sdown: false,
+            master_odown: false,
+            odown_ms: None,
+            down_votes: 0,
+            voted_leader: None,
+            voted_epoch: 0,
+            failover: None,
+            last_failover: None,
+            instances: Vec::new(),
+            peers: Vec::new(),
+            discovery: Vec::new(),
+            recorded: Vec::new(),
+        }
+    }
+
     /// The master's instance view.
     pub fn master_view(&self) -> Option<&InstanceView> {
         self.instances.iter().find(|i| i.is_master)
@@ -177,5 +281,135 @@ impl GroupView {
     /// Number of reachable peers plus self.
     pub fn reachable_daemons(&self) -> usize {
         1 + self.peers.iter().filter(|p| p.reachable).count()
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub(super) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Group {
+    /// Build the view from the task's state and publish it.
+    pub(super) fn publish_view(&self) {
+        let now = Instant::now();
+        let no_info = InfoSnapshot::default();
+        let since = |t: Option<Instant>| t.map(|t| ms(now.saturating_duration_since(t)));
+        let mut instances: Vec<InstanceView> = self
+            .instances
+            .values()
+            .map(|i| {
+                // Borrowed: cloning the whole snapshot per instance ten
+                // times a second showed up in profiles.
+                let info = i.info.as_ref().unwrap_or(&no_info);
+                InstanceView {
+                    addr: i.addr.clone(),
+                    is_master: i.addr == self.master,
+                    role: info.role,
+                    flavour: info.flavour,
+                    version: info.version.clone(),
+                    run_id: info.run_id.clone(),
+                    up: !i.sdown.is_down(),
+                    sdown: i.sdown.is_down(),
+                    sdown_ms: since(i.sdown.down_since()),
+                    connected: i.connected,
+                    last_ok_ping_ms: ms(now.saturating_duration_since(i.sdown.last_valid())),
+                    last_reply_ms: since(i.last_reply),
+                    info_age_ms: since(i.info_at),
+                    role_reported_ms: since(i.role_changed_at),
+                    offset: if info.role == Role::Master {
+                        info.master_offset
+                    } else {
+                        info.replica_offset
+                    },
+                    priority: info.priority,
+                    master_host: info.master_host.clone(),
+                    master_port: info.master_port,
+                    master_link_up: info.master_link_up,
+                    master_link_down_secs: info.master_link_down_since_secs,
+                    loading: info.loading,
+                    replica_announced: info.replica_announced,
+                    last_error: i.last_error.clone(),
+                }
+            })
+            .collect();
+        instances.sort_by_key(|i| !i.is_master);
+        let peers = self
+            .peer_rx
+            .borrow()
+            .iter()
+            .zip(self.election.peers())
+            .enumerate()
+            .map(|(idx, (e, p))| PeerView {
+                addr: e.addr.clone(),
+                id: e.id.clone(),
+                reachable: e.seen_within(now, PEER_TTL),
+                last_hello_ms: since(e.last_seen),
+                sees_master_down: self.election.peer_sees_down(idx, now),
+                voted_leader: p.leader.clone(),
+                voted_epoch: p.leader_epoch,
+                config_epoch: e.group(&self.cfg.name).map(|g| g.config_epoch),
+            })
+            .collect();
+        let rec = self.ctx.state.group(&self.cfg.name);
+        let tilt = self.ctx.tilt.until().is_some_and(|u| now < u);
+        let failover = match (&self.failover, self.election.stage()) {
+            (Some(run), _) => Some(FailoverView {
+                epoch: run.machine.epoch,
+                kind: run.machine.kind,
+                state: run.machine.phase().as_str().into(),
+                candidate: Some(run.machine.candidate.clone()),
+                started_ms: ms(now.saturating_duration_since(run.started)),
+            }),
+            (None, Stage::Electing(b)) => Some(FailoverView {
+                epoch: b.epoch,
+                kind: b.kind,
+                state: "wait_start".into(),
+                candidate: Some(b.candidate.clone()),
+                started_ms: ms(now.saturating_duration_since(b.started)),
+            }),
+            _ => None,
+        };
+        let odown_since = self.election.odown_since();
+        let status = if tilt {
+            GroupStatus::Tilt
+        } else if failover.is_some() {
+            GroupStatus::Failover
+        } else if odown_since.is_some() {
+            GroupStatus::Odown
+        } else if self.master_sdown() {
+            GroupStatus::Sdown
+        } else {
+            GroupStatus::Ok
+        };
+        let view = GroupView {
+            name: self.cfg.name.clone(),
+            master: self.master.clone(),
+            config_epoch: self.config_epoch,
+            quorum: self.cfg.quorum,
+            daemons: self.ctx.daemons(),
+            down_after_ms: ms(self.cfg.down_after),
+            failover_timeout_ms: ms(self.cfg.failover_timeout),
+            parallel_syncs: self.cfg.parallel_syncs,
+            flush_on_failover: self.cfg.flush_on_failover,
+            status,
+            reason: self.reason.clone(),
+            master_sdown: self.master_sdown(),
+            master_odown: odown_since.is_some(),
+            odown_ms: since(odown_since),
+            down_votes: self.election.down_votes(now, self.master_sdown()),
+            voted_leader: rec.voted_for,
+            voted_epoch: rec.vote_epoch,
+            failover,
+            last_failover: self.last_failover.clone(),
+            instances,
+            peers,
+            discovery: self.discovery.status(),
+            recorded: self.recorders.iter().flat_map(|r| r.history()).collect(),
+        };
+        self.view_tx.send_replace(Arc::new(view));
     }
 }

@@ -31,9 +31,9 @@
 //!   is the best one on the freshest view; a replica that a previous leader
 //!   of this failover intended to promote goes first.
 //!
-//! The voter's side is here too: [`may_vote`] (a stale asker gets no vote)
-//! and [`cast_vote`] (one vote per epoch), which the state store applies to
-//! the persisted record. The in-process simulation in the tests runs three
+//! The voter's side is in [`crate::quorum::vote`]: [`may_vote`] (a stale
+//! asker gets no vote) and [`cast_vote`] (one vote per epoch), which the
+//! state store applies to the persisted record. The in-process simulation in the tests runs three
 //! and five of these machines over a faulty network.
 
 use std::time::Duration;
@@ -47,6 +47,7 @@ use crate::events::{Detail, EventKind};
 use crate::failover::machine::Kind;
 use crate::failover::{FailoverError, NoGoodReplica};
 use crate::quorum::peers::{IsDownQuery, IsDownReply};
+use crate::quorum::vote::Vote;
 
 /// What the machine needs to know of the group and the quorum.
 #[derive(Debug, Clone)]
@@ -469,6 +470,21 @@ impl Election {
         out
     }
 
+    /// The new epoch was not taken: this daemon voted for another daemon
+    /// between deciding to start and the write (the vote's own result
+    /// makes it stand back too; this covers the order in which the two
+    /// results arrive).
+    pub fn on_epoch_superseded(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        if let Stage::Starting { kind, .. } = self.stage {
+            if kind == Kind::Switchover {
+                out.push(Action::Switchover(Err(FailoverError::AnotherLeader)));
+            }
+            self.back_off(now);
+        }
+        out
+    }
+
     /// This daemon's vote for `q` is durable: `vote` is the vote on
     /// record. A vote granted to another daemon makes this one stand back
     /// (Sentinel: no own attempt for `failover_timeout`). Returns whether
@@ -742,66 +758,6 @@ impl Election {
         };
         out.push(Action::StartFailover(Ballot { candidate, ..b }));
     }
-}
-
-/// Whether a vote request may be considered at all: the asker means this
-/// daemon's master and is not behind its config. A candidate with a stale
-/// view would promote a replica of a master that is no longer current.
-pub fn may_vote(q: &IsDownQuery, master: &Addr, config_epoch: u64) -> bool {
-    q.candidate.is_some() && q.master == *master && q.config_epoch >= config_epoch
-}
-
-/// A daemon's vote in one group, as persisted.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VoteRecord {
-    /// The epoch of the last vote.
-    pub vote_epoch: u64,
-    /// Whom it voted for then (a daemon id).
-    pub voted_for: Option<String>,
-}
-
-/// The outcome of a vote request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Vote {
-    /// Whom this daemon voted for in `epoch` (None: nobody).
-    pub leader: Option<String>,
-    /// The epoch of that vote.
-    pub epoch: u64,
-}
-
-/// Sentinel's vote rule: one vote per (group, epoch), never in an epoch
-/// below the current one; the current epoch rises to the one asked.
-/// Returns the vote on record (possibly an earlier one) and whether the
-/// state changed (then it must be durable before the answer goes out).
-pub fn cast_vote(
-    current_epoch: &mut u64,
-    record: &mut VoteRecord,
-    epoch: u64,
-    candidate: &str,
-) -> (Vote, bool) {
-    let mut changed = false;
-    if epoch > *current_epoch {
-        *current_epoch = epoch;
-        changed = true;
-    }
-    if record.vote_epoch < epoch && *current_epoch <= epoch {
-        record.vote_epoch = epoch;
-        record.voted_for = Some(candidate.to_string());
-        changed = true;
-    }
-    let vote = Vote {
-        leader: record.voted_for.clone(),
-        epoch: record.vote_epoch,
-    };
-    (vote, changed)
-}
-
-/// A new epoch for an election of this daemon, with its own vote in it.
-pub fn new_epoch(current_epoch: &mut u64, record: &mut VoteRecord, id: &str) -> u64 {
-    *current_epoch += 1;
-    record.vote_epoch = *current_epoch;
-    record.voted_for = Some(id.to_string());
-    *current_epoch
 }
 
 #[cfg(test)]

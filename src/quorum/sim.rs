@@ -24,11 +24,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::election::{
-    Action, Election, Observation, Replicas, Settings, Vote, VoteRecord, cast_vote, may_vote,
-    new_epoch,
-};
+use super::election::{Action, Election, Observation, Replicas, Settings};
 use super::peers::{IsDownQuery, IsDownReply};
+use super::vote::{Vote, VoteRecord, cast_vote, may_vote, new_epoch};
 use crate::addr::Addr;
 use crate::failover::NoGoodReplica;
 
@@ -59,7 +57,7 @@ enum Msg {
 enum Ev {
     Deliver { from: usize, to: usize, msg: Msg },
     Tick(usize),
-    Persisted(usize),
+    Persisted(usize, u64),
     FailoverDone(usize, u64),
     Hello(usize),
 }
@@ -219,7 +217,8 @@ impl Sim {
                 }
                 Action::PersistNewEpoch => {
                     let d = self.rng.random_range(0..=self.faults.persist_ms);
-                    self.schedule(d, Ev::Persisted(i));
+                    let seen = self.nodes[i].record.vote_epoch;
+                    self.schedule(d, Ev::Persisted(i, seen));
                 }
                 Action::StartFailover(b) => {
                     if let Some(w) = self.out.winners.insert(b.epoch, i) {
@@ -297,7 +296,13 @@ impl Sim {
                 }
                 self.schedule(1000, Ev::Hello(i));
             }
-            Ev::Persisted(i) => {
+            Ev::Persisted(i, seen) if self.nodes[i].record.vote_epoch > seen => {
+                // Voted for another daemon meanwhile: the store refuses.
+                let now = self.at();
+                let acts = self.nodes[i].machine.on_epoch_superseded(now);
+                self.run_actions(i, acts);
+            }
+            Ev::Persisted(i, _) => {
                 let n = &mut self.nodes[i];
                 let before = (n.current_epoch, n.record.vote_epoch);
                 let epoch = new_epoch(&mut n.current_epoch, &mut n.record, &id(i));

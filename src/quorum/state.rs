@@ -7,6 +7,14 @@
 //! go out before it is durable (invariant 1). A file that cannot be read
 //! or parsed stops the daemon: resetting it could mean voting twice.
 //!
+//! The writes happen on a thread of their own, never on the async
+//! runtime's workers: a change is a job sent to that thread, and its
+//! result comes back once the file is durable. Jobs that arrive while a
+//! write is under way are applied together and written once (group
+//! commit), so that a hundred groups voting at once cost one fsync, not a
+//! hundred in a row. Readers see the last durable state without waiting
+//! for a write.
+//!
 //! A write that fails later (a full disk, a read-only remount) is not fatal:
 //! the change is refused, so the daemon neither votes nor starts elections
 //! until a write succeeds again, and the failure is reported
@@ -16,14 +24,16 @@ use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, RwLock, mpsc};
+
+use tokio::sync::oneshot;
 
 use serde::{Deserialize, Serialize};
 
 use crate::addr::Addr;
 use crate::metrics as m;
-pub use crate::quorum::election::Vote;
-use crate::quorum::election::{VoteRecord, cast_vote, new_epoch};
+pub use crate::quorum::vote::Vote;
+use crate::quorum::vote::{VoteRecord, cast_vote, new_epoch};
 
 /// File name inside `data_dir`.
 pub const STATE_FILE: &str = "state.json";
@@ -68,6 +78,9 @@ pub enum StateError {
         /// Why.
         source: std::io::Error,
     },
+    /// The writer thread is gone (the daemon is shutting down).
+    #[error("the state writer has stopped")]
+    Stopped,
     /// The id in the config differs from the persisted one.
     #[error(
         "daemon.id {configured:?} differs from the id {persisted:?} persisted in {path}; peers know this daemon by the persisted id"
@@ -122,15 +135,32 @@ pub struct PersistedState {
     pub groups: BTreeMap<String, GroupRecord>,
 }
 
-/// Owner of the state file. Shared by all group tasks; every update is
-/// durable before it returns.
+/// A change to apply on the writer thread; it returns what to do once the
+/// batch it is part of is durable (or failed).
+type Job = Box<dyn FnOnce(&mut PersistedState) -> Done + Send>;
+type Done = Box<dyn FnOnce(Result<(), &StateError>) + Send>;
+
+/// At most this many jobs are written together.
+const MAX_BATCH: usize = 512;
+
+/// What the writer thread and the readers share.
 #[derive(Debug)]
-pub struct StateStore {
+struct Shared {
     path: PathBuf,
     dir: PathBuf,
-    state: Mutex<PersistedState>,
+    /// The last durable state. Replaced (never changed in place) after a
+    /// successful write; the lock is held only to swap or clone the `Arc`.
+    durable: RwLock<Arc<PersistedState>>,
     /// The last write's error, while writes fail.
     write_error: Mutex<Option<String>>,
+}
+
+/// Owner of the state file. Shared by all group tasks; every update is
+/// durable before its future resolves.
+#[derive(Debug)]
+pub struct StateStore {
+    shared: Arc<Shared>,
+    jobs: Mutex<mpsc::Sender<Job>>,
 }
 
 fn new_daemon_id() -> String {
@@ -155,7 +185,7 @@ impl StateStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(source) => return Err(StateError::Read { path, source }),
         };
-        let store = match existing {
+        let shared = match existing {
             Some(bytes) => {
                 let state: PersistedState =
                     serde_json::from_slice(&bytes).map_err(|e| StateError::Corrupt {
@@ -183,10 +213,10 @@ impl StateStore {
                         path,
                     });
                 }
-                StateStore {
+                Shared {
                     path,
                     dir: dir.to_path_buf(),
-                    state: Mutex::new(state),
+                    durable: RwLock::new(Arc::new(state)),
                     write_error: Mutex::new(None),
                 }
             }
@@ -199,39 +229,263 @@ impl StateStore {
                     current_epoch: 0,
                     groups: BTreeMap::new(),
                 };
-                let store = StateStore {
+                let shared = Shared {
                     path,
                     dir: dir.to_path_buf(),
-                    state: Mutex::new(state.clone()),
+                    durable: RwLock::new(Arc::new(state.clone())),
                     write_error: Mutex::new(None),
                 };
-                store.write(&state)?;
-                store
+                shared.write(&state)?;
+                shared
             }
         };
         // Leftovers of a write interrupted before its rename.
-        let _ = fs::remove_file(store.tmp_path());
+        let _ = fs::remove_file(shared.tmp_path());
         metrics::gauge!(m::STATE_WRITABLE).set(1.0);
-        Ok(store)
+        let shared = Arc::new(shared);
+        let (tx, rx) = mpsc::channel::<Job>();
+        let writer = shared.clone();
+        std::thread::Builder::new()
+            .name("picket-state".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|source| StateError::Dir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        Ok(StateStore {
+            shared,
+            jobs: Mutex::new(tx),
+        })
+    }
+
+    /// Why the last write of the state failed, while writes keep failing
+    /// (None once one succeeds).
+    pub fn write_error(&self) -> Option<String> {
+        self.shared
+            .write_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn durable(&self) -> Arc<PersistedState> {
+        self.shared.current()
+    }
+
+    /// A copy of the current (durable) state.
+    pub fn snapshot(&self) -> PersistedState {
+        (*self.durable()).clone()
+    }
+
+    /// This daemon's id.
+    pub fn daemon_id(&self) -> String {
+        self.durable().daemon_id.clone()
+    }
+
+    /// The current epoch.
+    pub fn current_epoch(&self) -> u64 {
+        self.durable().current_epoch
+    }
+
+    /// The record of one group (default when never written).
+    pub fn group(&self, name: &str) -> GroupRecord {
+        self.durable().groups.get(name).cloned().unwrap_or_default()
+    }
+
+    /// Apply `f` to the state on the writer thread and persist the result;
+    /// resolves with `f`'s value once it is durable. A change that cannot
+    /// be written is not applied (nor is any change written with it).
+    pub async fn update<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut PersistedState) -> R + Send + 'static,
+    ) -> Result<R, StateError> {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |s| {
+            let r = f(s);
+            Box::new(move |written: Result<(), &StateError>| {
+                let _ = tx.send(written.map(|()| r).map_err(StateError::copy));
+            })
+        });
+        self.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(job)
+            .map_err(|_| StateError::Stopped)?;
+        rx.await.map_err(|_| StateError::Stopped)?
+    }
+
+    /// Raise the current epoch to at least `epoch`. Returns whether it rose.
+    pub async fn observe_epoch(&self, epoch: u64) -> Result<bool, StateError> {
+        if epoch <= self.current_epoch() {
+            return Ok(false);
+        }
+        self.update(move |s| {
+            let rose = epoch > s.current_epoch;
+            s.current_epoch = s.current_epoch.max(epoch);
+            rose
+        })
+        .await
+    }
+
+    /// Start an election: a new epoch, and this daemon's own vote in it.
+    /// `seen_vote_epoch` is the group's vote epoch when the daemon decided
+    /// to start: if it has voted since (for another daemon, whose failover
+    /// it must not compete with), nothing changes and the result is None.
+    pub async fn start_election(
+        &self,
+        group: &str,
+        seen_vote_epoch: u64,
+    ) -> Result<Option<u64>, StateError> {
+        let group = group.to_string();
+        self.update(move |s| {
+            let id = s.daemon_id.clone();
+            let g = s.groups.entry(group).or_default();
+            if g.vote_epoch > seen_vote_epoch {
+                return None;
+            }
+            let mut rec = g.vote_record();
+            let epoch = new_epoch(&mut s.current_epoch, &mut rec, &id);
+            g.set_vote_record(rec);
+            Some(epoch)
+        })
+        .await
+    }
+
+    /// Sentinel's vote rule ([`cast_vote`]): one vote per (group, epoch),
+    /// never for an epoch lower than the current one. The vote is durable
+    /// before this returns; the result is the vote on record (possibly an
+    /// earlier one).
+    pub async fn vote(&self, group: &str, epoch: u64, candidate: &str) -> Result<Vote, StateError> {
+        let (group, candidate) = (group.to_string(), candidate.to_string());
+        self.update(move |s| {
+            let g = s.groups.entry(group).or_default();
+            let mut rec = g.vote_record();
+            let (vote, _) = cast_vote(&mut s.current_epoch, &mut rec, epoch, &candidate);
+            g.set_vote_record(rec);
+            vote
+        })
+        .await
+    }
+
+    /// Record a group's new config (master chosen in `config_epoch`) if it is
+    /// newer than the recorded one. Returns whether it was adopted.
+    pub async fn set_config(
+        &self,
+        group: &str,
+        config_epoch: u64,
+        master: &Addr,
+    ) -> Result<bool, StateError> {
+        let (group, master) = (group.to_string(), master.clone());
+        self.update(move |s| {
+            if config_epoch > s.current_epoch {
+                s.current_epoch = config_epoch;
+            }
+            let g = s.groups.entry(group).or_default();
+            if config_epoch > g.config_epoch
+                || (config_epoch == g.config_epoch && g.master.is_none())
+            {
+                g.config_epoch = config_epoch;
+                g.master = Some(master);
+                true
+            } else {
+                false
+            }
+        })
+        .await
+    }
+
+    /// Forget the config of a group that is no longer configured. Its vote
+    /// is kept: were the group added back while that epoch is current, a
+    /// forgotten vote could be cast a second time.
+    pub async fn remove_group(&self, group: &str) -> Result<(), StateError> {
+        let group = group.to_string();
+        self.update(move |s| {
+            if let Some(g) = s.groups.get_mut(&group) {
+                g.master = None;
+                g.config_epoch = 0;
+            }
+        })
+        .await
+    }
+}
+
+impl StateError {
+    /// The same error for another waiter of a failed batch (io::Error is
+    /// not `Clone`: its kind and text are kept).
+    fn copy(e: &StateError) -> StateError {
+        let io = |s: &std::io::Error| std::io::Error::new(s.kind(), s.to_string());
+        match e {
+            StateError::Dir { path, source } => StateError::Dir {
+                path: path.clone(),
+                source: io(source),
+            },
+            StateError::Read { path, source } => StateError::Read {
+                path: path.clone(),
+                source: io(source),
+            },
+            StateError::Corrupt { path, reason } => StateError::Corrupt {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
+            StateError::Write { path, source } => StateError::Write {
+                path: path.clone(),
+                source: io(source),
+            },
+            StateError::Stopped => StateError::Stopped,
+            StateError::IdMismatch {
+                configured,
+                persisted,
+                path,
+            } => StateError::IdMismatch {
+                configured: configured.clone(),
+                persisted: persisted.clone(),
+                path: path.clone(),
+            },
+        }
+    }
+}
+
+impl Shared {
+    fn current(&self) -> Arc<PersistedState> {
+        self.durable
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn tmp_path(&self) -> PathBuf {
         self.dir.join(format!("{STATE_FILE}.tmp"))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, PersistedState> {
-        // Updates are applied only after a successful write, so a panic
-        // while holding the lock cannot leave a half-applied state.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Why the last write of the state failed, while writes keep failing
-    /// (None once one succeeds).
-    pub fn write_error(&self) -> Option<String> {
-        self.write_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    /// The writer thread: take every job that is waiting, apply them in
+    /// order to a copy of the durable state, write the copy once, then
+    /// answer them all. Ends when the store is dropped.
+    fn run(&self, jobs: mpsc::Receiver<Job>) {
+        while let Ok(first) = jobs.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match jobs.try_recv() {
+                    Ok(j) => batch.push(j),
+                    Err(_) => break,
+                }
+            }
+            let durable = self.current();
+            let mut next = (*durable).clone();
+            let done: Vec<Done> = batch.into_iter().map(|job| job(&mut next)).collect();
+            let written = if next != *durable {
+                let w = self.write(&next);
+                self.note_write(&w);
+                if w.is_ok() {
+                    *self.durable.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(next);
+                }
+                w
+            } else {
+                Ok(())
+            };
+            for d in done {
+                d(written.as_ref().map(|_| ()));
+            }
+        }
     }
 
     /// Record the outcome of a write; log only the transitions, because
@@ -254,121 +508,6 @@ impl StateStore {
                 *last = Some(e.to_string());
             }
         }
-    }
-
-    /// A copy of the current state.
-    pub fn snapshot(&self) -> PersistedState {
-        self.lock().clone()
-    }
-
-    /// This daemon's id.
-    pub fn daemon_id(&self) -> String {
-        self.lock().daemon_id.clone()
-    }
-
-    /// The current epoch.
-    pub fn current_epoch(&self) -> u64 {
-        self.lock().current_epoch
-    }
-
-    /// The record of one group (default when never written).
-    pub fn group(&self, name: &str) -> GroupRecord {
-        self.lock().groups.get(name).cloned().unwrap_or_default()
-    }
-
-    /// Apply `f` to a copy, persist the copy, then make it current. When `f`
-    /// reports no change (returns `(r, false)`) nothing is written.
-    pub fn update<R>(
-        &self,
-        f: impl FnOnce(&mut PersistedState) -> (R, bool),
-    ) -> Result<R, StateError> {
-        let mut guard = self.lock();
-        let mut next = guard.clone();
-        let (r, changed) = f(&mut next);
-        if changed && next != *guard {
-            let written = self.write(&next);
-            self.note_write(&written);
-            written?;
-            *guard = next;
-        }
-        Ok(r)
-    }
-
-    /// Raise the current epoch to at least `epoch`. Returns whether it rose.
-    pub fn observe_epoch(&self, epoch: u64) -> Result<bool, StateError> {
-        self.update(|s| {
-            if epoch > s.current_epoch {
-                s.current_epoch = epoch;
-                (true, true)
-            } else {
-                (false, false)
-            }
-        })
-    }
-
-    /// Start an election: a new epoch, and this daemon's own vote in it.
-    pub fn start_election(&self, group: &str) -> Result<u64, StateError> {
-        self.update(|s| {
-            let id = s.daemon_id.clone();
-            let g = s.groups.entry(group.to_string()).or_default();
-            let mut rec = g.vote_record();
-            let epoch = new_epoch(&mut s.current_epoch, &mut rec, &id);
-            g.set_vote_record(rec);
-            (epoch, true)
-        })
-    }
-
-    /// Sentinel's vote rule ([`cast_vote`]): one vote per (group, epoch),
-    /// never for an epoch lower than the current one. The vote is durable
-    /// before this returns; the result is the vote on record (possibly an
-    /// earlier one).
-    pub fn vote(&self, group: &str, epoch: u64, candidate: &str) -> Result<Vote, StateError> {
-        self.update(|s| {
-            let g = s.groups.entry(group.to_string()).or_default();
-            let mut rec = g.vote_record();
-            let (vote, changed) = cast_vote(&mut s.current_epoch, &mut rec, epoch, candidate);
-            g.set_vote_record(rec);
-            (vote, changed)
-        })
-    }
-
-    /// Record a group's new config (master chosen in `config_epoch`) if it is
-    /// newer than the recorded one. Returns whether it was adopted.
-    pub fn set_config(
-        &self,
-        group: &str,
-        config_epoch: u64,
-        master: &Addr,
-    ) -> Result<bool, StateError> {
-        self.update(|s| {
-            if config_epoch > s.current_epoch {
-                s.current_epoch = config_epoch;
-            }
-            let g = s.groups.entry(group.to_string()).or_default();
-            if config_epoch > g.config_epoch
-                || (config_epoch == g.config_epoch && g.master.is_none())
-            {
-                g.config_epoch = config_epoch;
-                g.master = Some(master.clone());
-                (true, true)
-            } else {
-                (false, false)
-            }
-        })
-    }
-
-    /// Forget the config of a group that is no longer configured. Its vote
-    /// is kept: were the group added back while that epoch is current, a
-    /// forgotten vote could be cast a second time.
-    pub fn remove_group(&self, group: &str) -> Result<(), StateError> {
-        self.update(|s| match s.groups.get_mut(group) {
-            Some(g) if g.master.is_some() || g.config_epoch != 0 => {
-                g.master = None;
-                g.config_epoch = 0;
-                ((), true)
-            }
-            _ => ((), false),
-        })
     }
 
     fn write(&self, state: &PersistedState) -> Result<(), StateError> {
@@ -410,13 +549,13 @@ impl StateStore {
 mod tests {
     use super::*;
 
-    #[test]
-    fn creates_and_reopens() {
+    #[tokio::test]
+    async fn creates_and_reopens() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), None).unwrap();
         let id = s.daemon_id();
         assert_eq!(id.len(), 40);
-        assert_eq!(s.start_election("g").unwrap(), 1);
+        assert_eq!(s.start_election("g", 0).await.unwrap(), Some(1));
         drop(s);
         let s = StateStore::open(dir.path(), None).unwrap();
         assert_eq!(s.daemon_id(), id);
@@ -424,11 +563,11 @@ mod tests {
         assert_eq!(s.group("g").voted_for.as_deref(), Some(id.as_str()));
     }
 
-    #[test]
-    fn one_vote_per_epoch_across_restarts() {
+    #[tokio::test]
+    async fn one_vote_per_epoch_across_restarts() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
-        let v = s.vote("g", 5, "b").unwrap();
+        let v = s.vote("g", 5, "b").await.unwrap();
         assert_eq!(
             v,
             Vote {
@@ -437,18 +576,18 @@ mod tests {
             }
         );
         // A second candidate in the same epoch gets the recorded vote back.
-        let v = s.vote("g", 5, "c").unwrap();
+        let v = s.vote("g", 5, "c").await.unwrap();
         assert_eq!(v.leader.as_deref(), Some("b"));
         drop(s);
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
-        let v = s.vote("g", 5, "c").unwrap();
+        let v = s.vote("g", 5, "c").await.unwrap();
         assert_eq!(
             v.leader.as_deref(),
             Some("b"),
             "vote must survive a restart"
         );
         // An older epoch never gets a vote.
-        let v = s.vote("g", 4, "c").unwrap();
+        let v = s.vote("g", 4, "c").await.unwrap();
         assert_eq!(
             v,
             Vote {
@@ -457,7 +596,7 @@ mod tests {
             }
         );
         // A newer epoch does.
-        let v = s.vote("g", 6, "c").unwrap();
+        let v = s.vote("g", 6, "c").await.unwrap();
         assert_eq!(
             v,
             Vote {
@@ -466,21 +605,21 @@ mod tests {
             }
         );
         // Votes are per group.
-        let v = s.vote("h", 6, "d").unwrap();
+        let v = s.vote("h", 6, "d").await.unwrap();
         assert_eq!(v.leader.as_deref(), Some("d"));
     }
 
-    #[test]
-    fn no_vote_below_the_current_epoch() {
+    #[tokio::test]
+    async fn no_vote_below_the_current_epoch() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
-        s.observe_epoch(10).unwrap();
-        let v = s.vote("g", 9, "b").unwrap();
+        s.observe_epoch(10).await.unwrap();
+        let v = s.vote("g", 9, "b").await.unwrap();
         assert_eq!(v.leader, None);
     }
 
-    #[test]
-    fn corrupt_file_is_an_error_not_a_reset() {
+    #[tokio::test]
+    async fn corrupt_file_is_an_error_not_a_reset() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join(STATE_FILE), b"{not json").unwrap();
         let err = StateStore::open(dir.path(), None).unwrap_err();
@@ -490,50 +629,91 @@ mod tests {
         assert_eq!(fs::read(dir.path().join(STATE_FILE)).unwrap(), b"{not json");
     }
 
-    #[test]
-    fn id_mismatch_is_refused() {
+    #[tokio::test]
+    async fn id_mismatch_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         StateStore::open(dir.path(), Some("a")).unwrap();
         let err = StateStore::open(dir.path(), Some("b")).unwrap_err();
         assert!(matches!(err, StateError::IdMismatch { .. }));
     }
 
-    #[test]
-    fn config_only_moves_forward() {
+    #[tokio::test]
+    async fn config_only_moves_forward() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
         let m1 = Addr::new("127.0.0.2", 1);
         let m2 = Addr::new("127.0.0.3", 1);
-        assert!(s.set_config("g", 3, &m1).unwrap());
-        assert!(!s.set_config("g", 2, &m2).unwrap());
-        assert!(!s.set_config("g", 3, &m2).unwrap());
+        assert!(s.set_config("g", 3, &m1).await.unwrap());
+        assert!(!s.set_config("g", 2, &m2).await.unwrap());
+        assert!(!s.set_config("g", 3, &m2).await.unwrap());
         assert_eq!(s.group("g").master, Some(m1));
         assert_eq!(s.current_epoch(), 3);
     }
 
-    #[test]
-    fn removing_a_group_keeps_its_vote() {
+    #[tokio::test]
+    async fn removing_a_group_keeps_its_vote() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
-        s.set_config("g", 2, &Addr::new("127.0.0.2", 1)).unwrap();
-        s.vote("g", 3, "b").unwrap();
-        s.remove_group("g").unwrap();
+        s.set_config("g", 2, &Addr::new("127.0.0.2", 1))
+            .await
+            .unwrap();
+        s.vote("g", 3, "b").await.unwrap();
+        s.remove_group("g").await.unwrap();
         assert_eq!(s.group("g").master, None);
         assert_eq!(s.group("g").config_epoch, 0);
-        let v = s.vote("g", 3, "c").unwrap();
+        let v = s.vote("g", 3, "c").await.unwrap();
         assert_eq!(v.leader.as_deref(), Some("b"), "no second vote in epoch 3");
     }
 
-    #[test]
-    fn failed_write_leaves_memory_unchanged() {
+    #[tokio::test]
+    async fn failed_write_leaves_memory_unchanged() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
         // Make the directory unwritable by replacing the temp path with a
         // directory: the create fails.
         fs::create_dir(dir.path().join(format!("{STATE_FILE}.tmp"))).unwrap();
-        let err = s.vote("g", 1, "b");
+        let err = s.vote("g", 1, "b").await;
         assert!(err.is_err());
         assert_eq!(s.group("g").voted_for, None);
         assert_eq!(s.current_epoch(), 0);
+    }
+
+    #[tokio::test]
+    async fn no_election_after_a_vote_cast_since_the_decision() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path(), Some("a")).unwrap();
+        let seen = s.group("g").vote_epoch;
+        s.vote("g", 1, "b").await.unwrap();
+        assert_eq!(s.start_election("g", seen).await.unwrap(), None);
+        assert_eq!(s.group("g").voted_for.as_deref(), Some("b"));
+        assert_eq!(s.current_epoch(), 1);
+        assert_eq!(s.start_election("g", 1).await.unwrap(), Some(2));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_updates_are_all_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = std::sync::Arc::new(StateStore::open(dir.path(), Some("a")).unwrap());
+        let mut joins = Vec::new();
+        for i in 0..200 {
+            let s = s.clone();
+            joins.push(tokio::spawn(async move {
+                s.vote(&format!("g{i}"), 2, "b").await
+            }));
+        }
+        for j in joins {
+            assert_eq!(j.await.unwrap().unwrap().leader.as_deref(), Some("b"));
+        }
+        drop(s);
+        let s = StateStore::open(dir.path(), Some("a")).unwrap();
+        let state = s.snapshot();
+        assert_eq!(state.groups.len(), 200);
+        assert!(
+            state
+                .groups
+                .values()
+                .all(|g| g.voted_for.as_deref() == Some("b"))
+        );
+        assert_eq!(state.current_epoch, 2);
     }
 }

@@ -1,6 +1,7 @@
 //! Unit tests of the election machine, in paused time.
 
 use super::*;
+use crate::quorum::vote::Vote;
 use tokio::time::advance;
 
 fn a(p: u16) -> Addr {
@@ -414,53 +415,19 @@ async fn an_older_answer_does_not_hide_a_vote() {
     assert_eq!(e.peers()[0], PeerAnswer::default());
 }
 
-#[test]
-fn one_vote_per_epoch_never_below_the_current_one() {
-    let mut current = 0;
-    let mut rec = VoteRecord::default();
-    let (v, changed) = cast_vote(&mut current, &mut rec, 5, "b");
-    assert!(changed);
+#[tokio::test(start_paused = true)]
+async fn an_epoch_superseded_by_a_vote_backs_off() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = odown_machine(&r);
+    through_delay(&mut e, &r).await;
+    assert!(matches!(e.stage(), Stage::Starting { .. }));
+    assert!(e.on_epoch_superseded(Instant::now()).is_empty());
+    assert!(matches!(e.stage(), Stage::Backoff { .. }));
+    // A switchover superseded the same way is answered.
+    let mut e = Election::new(settings(3, 2), 2, Some(3));
+    e.request_switchover(&obs(false, &r), None);
     assert_eq!(
-        v,
-        Vote {
-            leader: Some("b".into()),
-            epoch: 5
-        }
+        e.on_epoch_superseded(Instant::now()),
+        vec![Action::Switchover(Err(FailoverError::AnotherLeader))]
     );
-    // A second candidate in the same epoch gets the recorded vote back.
-    let (v, changed) = cast_vote(&mut current, &mut rec, 5, "c");
-    assert!(!changed);
-    assert_eq!(v.leader.as_deref(), Some("b"));
-    // An older epoch gets nothing new.
-    let (v, _) = cast_vote(&mut current, &mut rec, 4, "c");
-    assert_eq!(v.epoch, 5);
-    // An epoch below the current one gets no vote even if never voted in.
-    current = 10;
-    let (v, _) = cast_vote(&mut current, &mut rec, 9, "c");
-    assert_eq!(v.leader.as_deref(), Some("b"));
-    let (v, _) = cast_vote(&mut current, &mut rec, 11, "c");
-    assert_eq!((v.leader.as_deref(), v.epoch, current), (Some("c"), 11, 11));
-    assert_eq!(new_epoch(&mut current, &mut rec, "me"), 12);
-    assert_eq!(rec.voted_for.as_deref(), Some("me"));
-}
-
-#[test]
-fn stale_askers_get_no_vote() {
-    let q = IsDownQuery {
-        group: "g".into(),
-        master: a(1),
-        config_epoch: 3,
-        epoch: 9,
-        candidate: Some("b".into()),
-        promote: None,
-    };
-    assert!(may_vote(&q, &a(1), 3));
-    assert!(may_vote(&q, &a(1), 2));
-    assert!(!may_vote(&q, &a(1), 4), "behind this daemon's config");
-    assert!(!may_vote(&q, &a(2), 3), "another master");
-    let q = IsDownQuery {
-        candidate: None,
-        ..q
-    };
-    assert!(!may_vote(&q, &a(1), 3), "not a vote request");
 }

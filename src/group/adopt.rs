@@ -1,0 +1,295 @@
+//! The group's config (master and config epoch): adopting a new one (this
+//! daemon's own publication, step 7, or a peer's), persisting it, and
+//! publishing it to the discovery backends.
+
+use tokio::time::Instant;
+
+use super::Group;
+use super::effects::Internal;
+use super::view::{FailoverOutcome, LastFailover};
+use crate::addr::Addr;
+use crate::discovery::runner::RunnerError;
+use crate::discovery::{Reporter, Topology};
+use crate::events::{Detail, EventKind};
+use crate::metrics as m;
+use crate::probe::Role;
+use crate::quorum::peers::HelloGroup;
+use crate::quorum::state::StateError;
+use crate::resp::RespError;
+
+impl Group {
+    /// Make `master` the group's master with `epoch`, in memory at once
+    /// (every caller persists and publishes it right after, see
+    /// [`Group::persist_and_publish`]).
+    ///
+    /// A config that cannot be persisted (full disk) is still served from
+    /// memory: it is the one a majority agreed on (this daemon's own
+    /// promotion, which its peers adopt and persist, or a peer's config
+    /// confirmed by the master's own role), and keeping the older one
+    /// would send clients to a master that is no longer one. Forgetting it
+    /// in a restart only makes this daemon stale until the next hello, like
+    /// a daemon that was partitioned during the failover. The write is
+    /// retried every second ([`Group::retry_persist_config`]).
+    pub(super) fn adopt_master(
+        &mut self,
+        master: Addr,
+        epoch: u64,
+        reporter: Reporter,
+        from: Option<&str>,
+    ) {
+        self.published_epoch = Some(epoch);
+        let old = std::mem::replace(&mut self.master, master.clone());
+        self.config_epoch = epoch;
+        metrics::gauge!(m::CONFIG_EPOCH, "group" => self.cfg.name.clone()).set(epoch as f64);
+        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), "instance" => old.to_string()).set(0.0);
+        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), "instance" => master.to_string()).set(1.0);
+        self.ensure_instance(&master);
+        self.ensure_instance(&old);
+        if old != master {
+            if let Some(from) = from {
+                self.emit(
+                    EventKind::ConfigUpdateFrom,
+                    &Detail::Text(format!(
+                        "sentinel {from} @ {} {} {}",
+                        self.cfg.name, master.host, master.port
+                    )),
+                );
+            }
+            self.emit(
+                EventKind::SwitchMaster,
+                &Detail::Text(format!(
+                    "{} {} {} {} {}",
+                    self.cfg.name, old.host, old.port, master.host, master.port
+                )),
+            );
+        }
+        self.election.on_master_changed(epoch);
+        self.master_role_down = false;
+        if old != master {
+            self.master_since = Instant::now();
+            self.refresh_info(&master);
+        }
+        metrics::gauge!(m::MASTER_ODOWN, "group" => self.cfg.name.clone()).set(0.0);
+        if reporter == Reporter::Observer && old != master {
+            self.last_failover = Some(LastFailover {
+                epoch,
+                from: old.clone(),
+                to: Some(master.clone()),
+                outcome: FailoverOutcome::Observed,
+                at_unix: super::view::unix_now(),
+                duration_ms: None,
+            });
+        }
+        self.ctx.hello_now.notify_one();
+        self.publish_view();
+    }
+
+    /// Persist the adopted config, then publish `topology` to every
+    /// backend. `machine`: the failover machine waits for the result.
+    pub(super) fn persist_and_publish(&mut self, topology: Topology, machine: bool) {
+        let state = self.ctx.state.clone();
+        let runner = self.discovery.clone();
+        let deadline = self.cfg.failover_timeout;
+        let name = self.cfg.name.clone();
+        let epoch = topology.epoch;
+        let master = topology.master.clone();
+        self.config_persisting = true;
+        self.effects.spawn(async move {
+            let persisted = state.set_config(&name, epoch, &master).await;
+            let result = runner.publish(topology, deadline).await;
+            Some(Internal::Published {
+                epoch,
+                persisted,
+                machine,
+                result,
+            })
+        });
+    }
+
+    pub(super) fn on_published(
+        &mut self,
+        now: Instant,
+        epoch: u64,
+        persisted: Result<bool, StateError>,
+        machine: bool,
+        result: Result<(), RunnerError>,
+    ) {
+        self.on_config_persisted(epoch, persisted);
+        if machine {
+            self.on_failover_result(
+                now,
+                epoch,
+                crate::failover::machine::Input::Published(result),
+            );
+        } else if let Err(e) = result {
+            tracing::warn!(group = %self.cfg.name, epoch, error = %e, "publishing the config failed");
+        }
+    }
+
+    pub(super) fn on_config_persisted(&mut self, epoch: u64, result: Result<bool, StateError>) {
+        self.config_persisting = false;
+        if epoch != self.config_epoch {
+            return;
+        }
+        match result {
+            Ok(_) => {
+                if self.config_unpersisted {
+                    tracing::info!(group = %self.cfg.name, master = %self.master, epoch, "the current master is persisted");
+                }
+                self.config_unpersisted = false;
+            }
+            Err(e) => {
+                if !self.config_unpersisted {
+                    tracing::error!(group = %self.cfg.name, error = %e, master = %self.master, epoch, "cannot persist the new master; serving it from memory and retrying");
+                }
+                self.config_unpersisted = true;
+            }
+        }
+    }
+
+    /// Persist a config that [`Group::adopt_master`] could only apply in
+    /// memory, once the state file can be written again.
+    pub(super) fn retry_persist_config(&mut self) {
+        if !self.config_unpersisted || self.config_persisting {
+            return;
+        }
+        self.config_persisting = true;
+        let state = self.ctx.state.clone();
+        let (name, epoch, master) = (
+            self.cfg.name.clone(),
+            self.config_epoch,
+            self.master.clone(),
+        );
+        self.effects.spawn(async move {
+            let result = state.set_config(&name, epoch, &master).await;
+            Some(Internal::ConfigPersisted { epoch, result })
+        });
+    }
+
+    /// `old` when the master is no longer `old` (the `from` of a
+    /// publication, as in Sentinel's client-reconfig-script arguments).
+    pub(super) fn replaced(&self, old: Addr) -> Option<Addr> {
+        (old != self.master).then_some(old)
+    }
+
+    pub(super) fn topology(&self, reporter: Reporter, old_master: Option<Addr>) -> Topology {
+        Topology {
+            group: self.cfg.name.clone(),
+            epoch: self.config_epoch,
+            master: self.master.clone(),
+            old_master,
+            replicas: self
+                .instances
+                .keys()
+                .filter(|a| **a != self.master)
+                .cloned()
+                .collect(),
+            reporter,
+        }
+    }
+
+    /// Publish the current config once per config epoch when nobody did
+    /// in this process yet (after a start or a restart), so that backends
+    /// converge without waiting for a failover: only once the master itself
+    /// reports `role:master` on a fresh INFO and a majority confirms the
+    /// config. Backends refuse it if they hold a newer epoch.
+    pub(super) fn publish_current_if_needed(&mut self) {
+        if self.published_epoch == Some(self.config_epoch) {
+            return;
+        }
+        if !self.reports_master_now(&self.master) {
+            return;
+        }
+        self.published_epoch = Some(self.config_epoch);
+        let topology = self.topology(Reporter::Observer, None);
+        let runner = self.discovery.clone();
+        let deadline = self.cfg.failover_timeout;
+        let name = self.cfg.name.clone();
+        self.effects.spawn(async move {
+            if let Err(e) = runner.publish(topology, deadline).await {
+                tracing::warn!(group = %name, error = %e, "publishing the current config failed");
+            }
+            None
+        });
+    }
+
+    /// A peer announces a newer config for this group: adopt it at once
+    /// when it names the same master, else once the master it names
+    /// reports `role:master` itself. A peer's word alone never moves the
+    /// master: a peer that lies about an epoch (or a corrupt hello)
+    /// changes nothing.
+    pub(super) fn check_peer_configs(&mut self, _now: Instant) {
+        let newest = {
+            let table = self.peer_rx.borrow_and_update();
+            table
+                .iter()
+                .filter_map(|e| {
+                    let g = e.group(&self.cfg.name)?;
+                    let from = e.id.clone()?;
+                    (g.config_epoch > self.config_epoch).then(|| (from, g.clone()))
+                })
+                .max_by_key(|(_, g)| g.config_epoch)
+        };
+        let Some((from, group)) = newest else {
+            return;
+        };
+        if group.master == self.master {
+            self.adopt_from_peer(&from, group);
+            return;
+        }
+        let key = (group.config_epoch, group.master.clone());
+        if self.checking_peer_config.as_ref() == Some(&key) {
+            return;
+        }
+        self.checking_peer_config = Some(key);
+        let ops = self.ops.clone();
+        self.effects.spawn(async move {
+            let role = ops.info(&group.master).await.map(|i| i.role);
+            Some(Internal::PeerConfigChecked { from, group, role })
+        });
+    }
+
+    pub(super) fn on_peer_config_checked(
+        &mut self,
+        from: String,
+        group: HelloGroup,
+        role: Result<Role, RespError>,
+    ) {
+        self.checking_peer_config = None;
+        if group.config_epoch <= self.config_epoch {
+            return;
+        }
+        match role {
+            Ok(Role::Master) => self.adopt_from_peer(&from, group),
+            Ok(other) => tracing::warn!(
+                group = %self.cfg.name, peer = %from, epoch = group.config_epoch,
+                master = %group.master, role = ?other,
+                "a peer announces a master that does not report role:master; not adopting"
+            ),
+            Err(e) => tracing::info!(
+                group = %self.cfg.name, peer = %from, epoch = group.config_epoch,
+                master = %group.master, error = %e,
+                "cannot confirm the master a peer announces; will retry"
+            ),
+        }
+    }
+
+    /// Adopt a newer config a peer announced (already checked).
+    fn adopt_from_peer(&mut self, from: &str, group: HelloGroup) {
+        tracing::info!(group = %self.cfg.name, from = %from, epoch = group.config_epoch, master = %group.master, "adopting a newer config from a peer");
+        if let Some(run) = self.failover.take() {
+            tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, "a newer config exists; abandoning this failover");
+        }
+        let actions = self.election.abandon();
+        self.run_election_actions(Instant::now(), actions);
+        let old = self.master.clone();
+        self.adopt_master(
+            group.master,
+            group.config_epoch,
+            Reporter::Observer,
+            Some(from),
+        );
+        let topology = self.topology(Reporter::Observer, self.replaced(old));
+        self.persist_and_publish(topology, false);
+    }
+}

@@ -1,0 +1,397 @@
+//! Steps 2–4 in the group: feeding the election machine
+//! ([`crate::quorum::election`]) and carrying out its actions, the voter's
+//! side of `PICKET IS-DOWN`, and replica selection as the machine sees it.
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::effects::Internal;
+use super::{Group, ms};
+use crate::addr::Addr;
+use crate::events::EventKind;
+use crate::failover::select::{self, Candidate, SelectionLimits};
+use crate::failover::{FailoverError, NoGoodReplica};
+use crate::metrics as m;
+use crate::quorum::election::{Action, Ask, Election, Observation, Replicas};
+use crate::quorum::hello::PEER_TTL;
+use crate::quorum::peers::{IsDownQuery, IsDownReply};
+use crate::quorum::state::{StateError, Vote};
+use crate::quorum::vote::may_vote;
+use crate::resp::RespError;
+
+use super::observe::Instance;
+
+/// The group's replicas for selection (step 4).
+pub(super) struct ReplicaSet<'a> {
+    instances: &'a std::collections::BTreeMap<Addr, Instance>,
+    master: &'a Addr,
+    limits: SelectionLimits,
+    now: Instant,
+}
+
+impl<'a> ReplicaSet<'a> {
+    fn new(
+        instances: &'a std::collections::BTreeMap<Addr, Instance>,
+        master: &'a Addr,
+        cfg: &crate::config::GroupConfig,
+        now: Instant,
+    ) -> ReplicaSet<'a> {
+        let master_down_for = instances
+            .get(master)
+            .and_then(|i| i.sdown.down_since())
+            .map(|t| now.saturating_duration_since(t))
+            .unwrap_or_default();
+        ReplicaSet {
+            instances,
+            master,
+            limits: SelectionLimits::new(cfg.ping_period(), cfg.down_after, master_down_for),
+            now,
+        }
+    }
+
+    fn candidate(&self, i: &Instance) -> Candidate {
+        let info = i.info.as_ref();
+        Candidate {
+            addr: i.addr.clone(),
+            sdown: i.sdown.is_down(),
+            connected: i.connected,
+            last_ok_age: self.now.saturating_duration_since(i.sdown.last_valid()),
+            info_age: i.info_at.map(|t| self.now.saturating_duration_since(t)),
+            role: info.map(|x| x.role).unwrap_or_default(),
+            priority: info.and_then(|x| x.priority),
+            offset: info.and_then(|x| x.replica_offset),
+            loading: info.is_some_and(|x| x.loading),
+            sync_in_progress: info.is_some_and(|x| x.sync_in_progress),
+            link_down_since: info
+                .and_then(|x| x.master_link_down_since_secs)
+                .map(Duration::from_secs),
+        }
+    }
+}
+
+impl Replicas for ReplicaSet<'_> {
+    fn select(&self, to: Option<&Addr>) -> Result<Addr, NoGoodReplica> {
+        let cands: Vec<Candidate> = self
+            .instances
+            .values()
+            .filter(|i| i.addr != *self.master && to.is_none_or(|t| i.addr == *t))
+            .map(|i| self.candidate(i))
+            .collect();
+        if let Some(t) = to
+            && cands.is_empty()
+        {
+            return Err(NoGoodReplica::Unknown(t.clone()));
+        }
+        let sel = select::select(&cands, &self.limits);
+        sel.chosen.ok_or(NoGoodReplica::NoneSuitable(sel.excluded))
+    }
+
+    fn eligible(&self, addr: &Addr) -> bool {
+        addr != self.master
+            && self
+                .instances
+                .get(addr)
+                .is_some_and(|i| select::exclusion(&self.candidate(i), &self.limits).is_none())
+    }
+}
+
+impl Group {
+    /// Feed the election machine with what the group observes now, then
+    /// carry out its actions.
+    pub(super) fn step_election(
+        &mut self,
+        now: Instant,
+        f: impl FnOnce(&mut Election, &Observation<'_>) -> Vec<Action>,
+    ) {
+        let (actions, tilt) = self.decide(now, f);
+        self.run_election_actions(now, actions);
+        self.update_reason(now, tilt);
+    }
+
+    /// Run `f` on the election machine with the observation of `now`;
+    /// returns its actions and whether TILT is active.
+    fn decide(
+        &mut self,
+        now: Instant,
+        f: impl FnOnce(&mut Election, &Observation<'_>) -> Vec<Action>,
+    ) -> (Vec<Action>, bool) {
+        let tilt = self.ctx.tilt.active(now);
+        let replicas = ReplicaSet::new(&self.instances, &self.master, &self.cfg, now);
+        let o = Observation {
+            now,
+            master_sdown: self.master_sdown(),
+            tilt,
+            config_epoch: self.config_epoch,
+            replicas: &replicas,
+        };
+        (f(&mut self.election, &o), tilt)
+    }
+
+    pub(super) fn run_election_actions(&mut self, now: Instant, actions: Vec<Action>) {
+        for a in actions {
+            match a {
+                Action::Ask(ask) => self.ask_peers(ask),
+                Action::PersistNewEpoch => {
+                    let state = self.ctx.state.clone();
+                    let name = self.cfg.name.clone();
+                    let seen = state.group(&name).vote_epoch;
+                    self.effects.spawn(async move {
+                        Some(Internal::EpochPersisted(
+                            state.start_election(&name, seen).await,
+                        ))
+                    });
+                }
+                Action::StartFailover(ballot) => self.start_failover(now, ballot),
+                Action::Event(kind, detail) => {
+                    if matches!(kind, EventKind::Odown | EventKind::OdownCleared) {
+                        let odown = kind == EventKind::Odown;
+                        metrics::gauge!(m::MASTER_ODOWN, "group" => self.cfg.name.clone())
+                            .set(if odown { 1.0 } else { 0.0 });
+                    }
+                    self.emit(kind, &detail);
+                }
+                Action::Ended(result) => {
+                    metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => result.as_str())
+                        .increment(1);
+                    if result == crate::quorum::election::ElectionResult::Won {
+                        self.ctx.maybe_crash(
+                            crate::context::CRASH_AFTER_ELECTION,
+                            "after the election",
+                        );
+                    }
+                }
+                Action::Switchover(r) => {
+                    if let Some(reply) = self.switchover_reply.take() {
+                        let _ = reply.send(r);
+                    }
+                }
+            }
+        }
+    }
+
+    fn ask_peers(&mut self, ask: Ask) {
+        let (epoch, candidate, promote) = match ask.vote {
+            Some((epoch, promote)) => (epoch, Some(self.ctx.id.clone()), Some(promote)),
+            None => (self.ctx.state.current_epoch(), None, None),
+        };
+        let query = IsDownQuery {
+            group: self.cfg.name.clone(),
+            master: self.master.clone(),
+            config_epoch: self.config_epoch,
+            epoch,
+            candidate,
+            promote,
+        };
+        for (i, link) in self.ctx.peers.iter().enumerate() {
+            let link = link.clone();
+            let q = query.clone();
+            self.effects.spawn(async move {
+                let result = link.is_down(&q).await;
+                Some(Internal::Answer {
+                    peer: i,
+                    epoch: q.epoch,
+                    at: Instant::now(),
+                    result,
+                })
+            });
+        }
+    }
+
+    pub(super) fn on_answer(
+        &mut self,
+        now: Instant,
+        peer: usize,
+        epoch: u64,
+        at: Instant,
+        result: Result<IsDownReply, RespError>,
+    ) {
+        match result {
+            Ok(r) => {
+                self.ctx.peer_table.mark_seen(peer, at);
+                self.step_election(now, |e, o| e.on_answer(o, peer, epoch, at, &r));
+            }
+            Err(e) => {
+                let addr = self.ctx.peers.get(peer).map(|l| l.addr().to_string());
+                tracing::debug!(group = %self.cfg.name, peer = ?addr, error = %e, "peer did not answer");
+            }
+        }
+    }
+
+    pub(super) fn on_epoch_persisted(
+        &mut self,
+        now: Instant,
+        result: Result<Option<u64>, StateError>,
+    ) {
+        let result = match result {
+            Ok(None) => {
+                tracing::info!(group = %self.cfg.name, "voted for another daemon meanwhile; not starting an election");
+                let actions = self.election.on_epoch_superseded(now);
+                self.run_election_actions(now, actions);
+                return;
+            }
+            Ok(Some(epoch)) => {
+                metrics::gauge!(m::CURRENT_EPOCH).set(epoch as f64);
+                tracing::info!(group = %self.cfg.name, epoch, "starting election");
+                Ok(epoch)
+            }
+            Err(e) => {
+                tracing::error!(group = %self.cfg.name, error = %e, "cannot persist the new epoch; not starting an election");
+                Err(e.to_string())
+            }
+        };
+        self.step_election(now, |e, o| e.on_epoch(o, result));
+    }
+
+    /// `SENTINEL FAILOVER` / `PICKET FAILOVER`.
+    pub(super) fn request_switchover(
+        &mut self,
+        now: Instant,
+        to: Option<Addr>,
+        reply: oneshot::Sender<Result<(), FailoverError>>,
+    ) {
+        let (actions, _) = self.decide(now, |e, o| e.request_switchover(o, to.as_ref()));
+        let mut answer = None;
+        let mut rest = Vec::new();
+        for a in actions {
+            match a {
+                // Only an immediate refusal comes back at once.
+                Action::Switchover(r) => answer = Some(r),
+                other => rest.push(other),
+            }
+        }
+        match answer {
+            Some(r) => {
+                let _ = reply.send(r);
+            }
+            None => self.switchover_reply = Some(reply),
+        }
+        self.run_election_actions(now, rest);
+    }
+
+    /// The voter's side of `PICKET IS-DOWN`: whether this daemon sees the
+    /// master down and, for a candidate that is not behind, a vote that is
+    /// durable before the answer goes out.
+    pub(super) fn answer_is_down(
+        &mut self,
+        now: Instant,
+        q: IsDownQuery,
+        reply: oneshot::Sender<Result<IsDownReply, StateError>>,
+    ) {
+        let tilt = self.ctx.tilt.active(now);
+        let down = !tilt && q.master == self.master && self.master_sdown();
+        let state = self.ctx.state.clone();
+        let name = self.cfg.name.clone();
+        if may_vote(&q, &self.master, self.config_epoch) {
+            let candidate = q.candidate.clone().unwrap_or_default();
+            self.effects.spawn(async move {
+                let result = state.vote(&name, q.epoch, &candidate).await;
+                Some(Internal::Voted {
+                    query: q,
+                    down,
+                    result,
+                    reply,
+                })
+            });
+            return;
+        }
+        // No vote (a question, or a candidate with a stale view): the vote
+        // on record, after the asker's epoch is durable here.
+        self.effects.spawn(async move {
+            if q.candidate.is_none()
+                && q.epoch > 0
+                && let Err(e) = state.observe_epoch(q.epoch).await
+            {
+                tracing::debug!(error = %e, "cannot persist the observed epoch");
+            }
+            let rec = state.group(&name);
+            let _ = reply.send(Ok(IsDownReply {
+                down,
+                leader: rec.voted_for,
+                leader_epoch: rec.vote_epoch,
+            }));
+            None
+        });
+    }
+
+    pub(super) fn on_voted(
+        &mut self,
+        now: Instant,
+        q: IsDownQuery,
+        down: bool,
+        result: Result<Vote, StateError>,
+        reply: oneshot::Sender<Result<IsDownReply, StateError>>,
+    ) {
+        let vote = match result {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let mut actions = Vec::new();
+        if self.election.on_vote_cast(now, &q, &vote, &mut actions) {
+            metrics::counter!(m::VOTES_GRANTED, "group" => self.cfg.name.clone()).increment(1);
+        }
+        self.run_election_actions(now, actions);
+        let _ = reply.send(Ok(IsDownReply {
+            down,
+            leader: vote.leader,
+            leader_epoch: vote.epoch,
+        }));
+    }
+
+    /// Daemons reachable now, this one included.
+    pub(super) fn reachable_daemons(&self, now: Instant) -> usize {
+        1 + self
+            .peer_rx
+            .borrow()
+            .iter()
+            .filter(|e| e.seen_within(now, PEER_TTL))
+            .count()
+    }
+
+    /// Why nothing happens when something might be expected (status), and
+    /// the quorum-reachable gauge.
+    fn update_reason(&mut self, now: Instant, tilt: bool) {
+        let votes = self.election.down_votes(now, self.master_sdown());
+        let odown = self.election.odown_since().is_some();
+        let reachable = self.reachable_daemons(now);
+        self.reason = if tilt {
+            Some("stall protection (TILT) active: not acting".into())
+        } else if self.master_sdown() && !odown {
+            Some(format!(
+                "master is down for this daemon but only {votes} of the required quorum {} agree{}",
+                self.cfg.quorum,
+                if reachable < self.cfg.quorum as usize {
+                    format!(
+                        " (only {reachable} of {} daemons reachable)",
+                        self.ctx.daemons()
+                    )
+                } else {
+                    String::new()
+                }
+            ))
+        } else {
+            self.election
+                .backoff_until(now)
+                .filter(|_| odown)
+                .map(|until| {
+                    format!(
+                        "master is ODOWN; next failover attempt in {} ms",
+                        ms(until - now)
+                    )
+                })
+        };
+        let ok = reachable >= self.ctx.majority().max(self.cfg.quorum as usize);
+        if self.quorum_reachable != Some(ok) {
+            self.quorum_reachable = Some(ok);
+            metrics::gauge!(m::QUORUM_REACHABLE, "group" => self.cfg.name.clone()).set(if ok {
+                1.0
+            } else {
+                0.0
+            });
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Steps 5–8 in the group: running the failover machine
+//! ([`crate::failover::machine`]) this daemon won an election for, and
+//! carrying out its actions: fence, promote (or switch over), publish,
+//! re-point.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::effects::Internal;
+use super::view::{FailoverOutcome, LastFailover};
+use super::{Group, Running, ms};
+use crate::addr::Addr;
+use crate::discovery::{Fence, Reporter};
+use crate::events::{Detail, EventKind};
+use crate::failover::CommandFailed;
+use crate::failover::machine::{Action, Failover, Input, Kind, Outcome, Phase};
+use crate::metrics as m;
+use crate::probe::{Flavour, Role};
+use crate::quorum::election::Ballot;
+
+impl Group {
+    /// The election is won: start the failover machine (step 5 on).
+    pub(super) fn start_failover(&mut self, now: Instant, ballot: Ballot) {
+        tracing::info!(group = %self.cfg.name, epoch = ballot.epoch, candidate = %ballot.candidate, "elected leader; failing over");
+        let replicas: Vec<Addr> = self
+            .instances
+            .keys()
+            .filter(|a| **a != self.master)
+            .cloned()
+            .collect();
+        let (machine, actions) = Failover::start(
+            now,
+            ballot.epoch,
+            ballot.kind,
+            self.master.clone(),
+            ballot.candidate,
+            self.cfg.flush_on_failover,
+            replicas,
+            self.cfg.parallel_syncs,
+            self.cfg.failover_timeout,
+        );
+        self.failover = Some(Running {
+            machine,
+            started: ballot.started,
+        });
+        self.emit(EventKind::FailoverStateSelectSlave, &Detail::Master);
+        self.run_failover_actions(actions);
+    }
+
+    pub(super) fn machine_input(&mut self, now: Instant, input: Input) {
+        let Some(run) = self.failover.as_mut() else {
+            return;
+        };
+        let actions = run.machine.step(now, input);
+        self.run_failover_actions(actions);
+    }
+
+    /// The result of a step of the failover of `epoch`: fed to the machine
+    /// if that failover still runs.
+    pub(super) fn on_failover_result(&mut self, now: Instant, epoch: u64, input: Input) {
+        if input == Input::Promoted(Ok(())) {
+            self.ctx
+                .maybe_crash(crate::context::CRASH_AFTER_PROMOTION, "after the promotion");
+        }
+        if self
+            .failover
+            .as_ref()
+            .is_some_and(|r| r.machine.epoch == epoch)
+        {
+            self.machine_input(now, input);
+        }
+    }
+
+    fn flavour_of(&self, addr: &Addr) -> Flavour {
+        self.instances
+            .get(addr)
+            .and_then(|i| i.info.as_ref())
+            .map(|i| i.flavour)
+            .or_else(|| {
+                self.instances
+                    .get(&self.master)
+                    .and_then(|i| i.info.as_ref())
+                    .map(|i| i.flavour)
+            })
+            .unwrap_or_default()
+    }
+
+    fn run_failover_actions(&mut self, actions: Vec<Action>) {
+        let Some(run) = self.failover.as_ref() else {
+            return;
+        };
+        let epoch = run.machine.epoch;
+        let deadline = self.cfg.failover_timeout;
+        for action in actions {
+            match action {
+                Action::Event(kind, detail) => self.emit(kind, &detail),
+                Action::Fence { old_master } => {
+                    let fence = Fence {
+                        group: self.cfg.name.clone(),
+                        epoch,
+                        old_master,
+                    };
+                    let runner = self.discovery.clone();
+                    self.effects.spawn(async move {
+                        let r = runner.fence(fence, deadline).await;
+                        Some(Internal::Failover(epoch, Input::Fenced(r)))
+                    });
+                }
+                Action::Promote { candidate, flush } => {
+                    let ops = self.ops.clone();
+                    let flavour = self.flavour_of(&candidate);
+                    tracing::info!(group = %self.cfg.name, %candidate, flush, "promoting");
+                    self.effects.spawn(async move {
+                        let r = ops.promote(&candidate, flavour, flush).await;
+                        Some(Internal::Failover(epoch, Input::Promoted(r)))
+                    });
+                }
+                Action::Switchover {
+                    candidate,
+                    old_master,
+                } => {
+                    let ops = self.ops.clone();
+                    let flavour = self.flavour_of(&old_master);
+                    let timeout = (self.cfg.failover_timeout / 2)
+                        .clamp(Duration::from_secs(1), Duration::from_secs(10));
+                    tracing::info!(group = %self.cfg.name, %candidate, "switching over");
+                    self.effects.spawn(async move {
+                        let r = ops
+                            .switchover(&old_master, flavour, &candidate, timeout)
+                            .await;
+                        Some(Internal::Failover(epoch, Input::Promoted(r)))
+                    });
+                }
+                Action::Publish { master } => {
+                    let old = self.master.clone();
+                    self.adopt_master(master, epoch, Reporter::Leader, None);
+                    let topology = self.topology(Reporter::Leader, self.replaced(old));
+                    self.persist_and_publish(topology, true);
+                }
+                Action::Repoint { replica, master } => {
+                    let ops = self.ops.clone();
+                    let flavour = self.flavour_of(&replica);
+                    self.emit(
+                        EventKind::SlaveReconfSent,
+                        &Detail::Replica(replica.clone()),
+                    );
+                    self.effects.spawn(async move {
+                        let r = ops
+                            .repoint(&replica, flavour, &master)
+                            .await
+                            .map_err(CommandFailed::from);
+                        Some(Internal::Failover(epoch, Input::RepointSent(replica, r)))
+                    });
+                }
+                Action::Finished(outcome) => self.finish_failover(outcome),
+            }
+        }
+    }
+
+    /// A replica reports the new master with its link up (step 8).
+    pub(super) fn feed_reconfiguration(&mut self, addr: &Addr) {
+        let Some(run) = self.failover.as_ref() else {
+            return;
+        };
+        if run.machine.phase() != Phase::Reconfiguring {
+            return;
+        }
+        let target = run.machine.candidate.clone();
+        let synced = self
+            .instances
+            .get(addr)
+            .and_then(|i| i.info.as_ref())
+            .is_some_and(|i| {
+                i.role == Role::Replica
+                    && i.master_link_up
+                    && i.master_host.as_deref() == Some(target.host.as_str())
+                    && i.master_port == Some(target.port)
+            });
+        if synced {
+            self.machine_input(Instant::now(), Input::ReplicaSynced(addr.clone()));
+        }
+    }
+
+    fn finish_failover(&mut self, outcome: Outcome) {
+        let now = Instant::now();
+        let Some(run) = self.failover.take() else {
+            return;
+        };
+        let (result, to) = match &outcome {
+            Outcome::Completed => (
+                FailoverOutcome::Completed,
+                Some(run.machine.candidate.clone()),
+            ),
+            Outcome::CompletedWithTimeout => (
+                FailoverOutcome::CompletedWithTimeout,
+                Some(run.machine.candidate.clone()),
+            ),
+            Outcome::Aborted(why) => (FailoverOutcome::Aborted(why.clone()), None),
+        };
+        metrics::counter!(m::FAILOVERS, "group" => self.cfg.name.clone(), "result" => result.metric_label())
+            .increment(1);
+        let duration = now.saturating_duration_since(run.started);
+        if to.is_some() {
+            metrics::histogram!(m::FAILOVER_DURATION, "group" => self.cfg.name.clone())
+                .record(duration.as_secs_f64());
+        }
+        tracing::info!(group = %self.cfg.name, epoch = run.machine.epoch, outcome = ?outcome, duration_ms = ms(duration), "failover finished");
+        let completed = to.is_some();
+        self.last_failover = Some(LastFailover {
+            epoch: run.machine.epoch,
+            from: run.machine.old_master.clone(),
+            to,
+            outcome: result,
+            at_unix: super::view::unix_now(),
+            duration_ms: Some(ms(duration)),
+        });
+        // A completed failover: the next one may start whenever needed.
+        self.election.on_failover_end(now, completed);
+        if !completed && run.machine.kind == Kind::Switchover {
+            // The old master serves again: make sure the backends that
+            // were fenced route to it again, with the fence's epoch.
+            self.adopt_master(
+                self.master.clone(),
+                run.machine.epoch,
+                Reporter::Leader,
+                None,
+            );
+            let topology = self.topology(Reporter::Leader, None);
+            self.persist_and_publish(topology, false);
+        }
+    }
+}

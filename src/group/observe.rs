@@ -1,0 +1,358 @@
+//! Step 1, observation: the group's instances, what their probes report,
+//! SDOWN per instance, Sentinel's `role:slave` rule for the master, and
+//! the stall detector that forgives silences the process itself caused.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Group;
+use crate::addr::Addr;
+use crate::events::{Detail, EventKind};
+use crate::metrics as m;
+use crate::probe::info::InfoSnapshot;
+use crate::probe::sdown::{Sdown, Transition};
+use crate::probe::{self, ProbeEvent, ProbeHandle, ProbeSettings, Role};
+
+/// One data server of the group, as this daemon sees it.
+pub(super) struct Instance {
+    pub(super) addr: Addr,
+    pub(super) probe: Option<ProbeHandle>,
+    pub(super) sdown: Sdown,
+    pub(super) connected: bool,
+    pub(super) connected_at: Option<Instant>,
+    pub(super) last_reply: Option<Instant>,
+    pub(super) last_error: Option<String>,
+    pub(super) info: Option<InfoSnapshot>,
+    pub(super) info_at: Option<Instant>,
+    pub(super) role_changed_at: Option<Instant>,
+    pub(super) last_action: Option<Instant>,
+    pub(super) wrong_master_since: Option<Instant>,
+}
+
+impl Instance {
+    /// Reachable and read on its current connection: what it says now,
+    /// never a remembered reply of an instance that has since died.
+    pub(super) fn fresh(&self) -> bool {
+        self.connected
+            && !self.sdown.is_down()
+            && self.info_at.is_some_and(|t| Some(t) >= self.connected_at)
+    }
+}
+
+impl Group {
+    /// Start probing `addr` if it is not known yet.
+    pub(super) fn ensure_instance(&mut self, addr: &Addr) {
+        if self.instances.contains_key(addr) {
+            return;
+        }
+        let ping = self.cfg.ping_period();
+        let settings = ProbeSettings {
+            group: self.cfg.name.clone(),
+            addr: addr.clone(),
+            ping_period: ping,
+            info_period: Duration::from_secs(1).max(ping),
+            ping_timeout: self.cfg.down_after.max(Duration::from_millis(100)),
+            client: self.client.clone(),
+        };
+        let probe = probe::spawn(settings, self.probe_tx.clone(), self.effects.cancel());
+        let now = Instant::now();
+        // Up until SDOWN says otherwise, as in the view; without this the
+        // gauge would only appear at the first +sdown.
+        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "instance" => addr.to_string())
+            .set(1.0);
+        self.instances.insert(
+            addr.clone(),
+            Instance {
+                addr: addr.clone(),
+                probe: Some(probe),
+                sdown: Sdown::new(self.cfg.down_after, now),
+                connected: false,
+                connected_at: None,
+                last_reply: None,
+                last_error: None,
+                info: None,
+                info_at: None,
+                role_changed_at: None,
+                last_action: None,
+                wrong_master_since: None,
+            },
+        );
+        if *addr != self.master {
+            self.emit(EventKind::Slave, &Detail::Replica(addr.clone()));
+        }
+    }
+
+    /// Ask `addr`'s probe for an INFO now.
+    pub(super) fn refresh_info(&self, addr: &Addr) {
+        if let Some(p) = self.instances.get(addr).and_then(|i| i.probe.as_ref()) {
+            p.refresh_info();
+        }
+    }
+
+    /// This daemon sees the master down: SDOWN, or `role:slave` too long.
+    pub(super) fn master_sdown(&self) -> bool {
+        self.master_role_down
+            || self
+                .instances
+                .get(&self.master)
+                .is_some_and(|i| i.sdown.is_down())
+    }
+
+    pub(super) fn on_probe(&mut self, ev: ProbeEvent) {
+        self.notice_stall(Instant::now());
+        let addr = ev.addr().clone();
+        let group = self.cfg.name.clone();
+        let master = self.master.clone();
+        let Some(inst) = self.instances.get_mut(&addr) else {
+            return;
+        };
+        let mut transition = None;
+        let mut new_replicas = Vec::new();
+        match ev {
+            ProbeEvent::Ping {
+                at, valid, error, ..
+            } => {
+                if !inst.connected {
+                    inst.connected_at = Some(at);
+                }
+                inst.connected = true;
+                inst.last_reply = Some(at);
+                if valid {
+                    transition = inst.sdown.on_valid_reply(at);
+                    inst.last_error = None;
+                } else {
+                    inst.last_error = error;
+                }
+            }
+            ProbeEvent::Unreachable { error, .. } => {
+                if inst.last_error.as_deref() != Some(error.as_str()) {
+                    tracing::debug!(group = %group, instance = %addr, %error, "probe failed");
+                }
+                inst.connected = false;
+                inst.last_error = Some(error);
+            }
+            ProbeEvent::Info { at, info, .. } => {
+                if !inst.connected {
+                    inst.connected_at = Some(at);
+                    inst.connected = true;
+                }
+                let old_role = inst.info.as_ref().map(|i| i.role);
+                if old_role != Some(info.role) {
+                    inst.role_changed_at = Some(at);
+                }
+                if addr == master && info.role == Role::Master {
+                    for r in &info.replicas {
+                        new_replicas.push(Addr::new(r.ip.clone(), r.port));
+                    }
+                }
+                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), "instance" => addr.to_string(), "role" => "master")
+                    .set(if info.role == Role::Master { 1.0 } else { 0.0 });
+                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), "instance" => addr.to_string(), "role" => "replica")
+                    .set(if info.role == Role::Replica { 1.0 } else { 0.0 });
+                inst.info = Some(*info);
+                inst.info_at = Some(at);
+            }
+        }
+        if let Some(t) = transition {
+            self.on_sdown_transition(&addr, t);
+        }
+        for r in new_replicas {
+            self.ensure_instance(&r);
+        }
+        // React at once to what INFO showed (a returning old master must be
+        // demoted within the second it answers).
+        self.check_topology(Instant::now());
+        self.feed_reconfiguration(&addr);
+    }
+
+    fn on_sdown_transition(&mut self, addr: &Addr, t: Transition) {
+        let detail = if *addr == self.master {
+            Detail::Master
+        } else {
+            Detail::Replica(addr.clone())
+        };
+        let up = match t {
+            Transition::Down => {
+                self.emit(EventKind::Sdown, &detail);
+                0.0
+            }
+            Transition::Up => {
+                self.emit(EventKind::SdownCleared, &detail);
+                1.0
+            }
+        };
+        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "instance" => addr.to_string()).set(up);
+        if *addr == self.master {
+            metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone()).set(1.0 - up);
+            // Peers learn it at once through the next hello and our asks.
+            self.publish_view();
+            self.ctx.hello_now.notify_one();
+            if t == Transition::Down {
+                self.election.master_went_down();
+            }
+        }
+    }
+
+    /// The tick's observations: SDOWN deadlines and the `role:slave` rule
+    /// (nothing while in TILT: the silence may be the process's own).
+    pub(super) fn observe_tick(&mut self, now: Instant) {
+        if self.ctx.tilt.active(now) {
+            return;
+        }
+        let mut transitions = Vec::new();
+        for inst in self.instances.values_mut() {
+            if let Some(t) = inst.sdown.check(now) {
+                transitions.push((inst.addr.clone(), t));
+            }
+        }
+        for (a, t) in transitions {
+            self.on_sdown_transition(&a, t);
+        }
+        self.update_master_role_down(now);
+    }
+
+    /// Sentinel's second SDOWN rule: the master answers, but has reported
+    /// `role:slave` for longer than `down_after` plus two INFO periods
+    /// (e.g. it came back with a stale `replicaof` and now replicates from
+    /// its own replica, so nothing is a master). Without it such a group
+    /// would stay masterless for ever.
+    fn update_master_role_down(&mut self, now: Instant) {
+        let grace = self.cfg.down_after + Duration::from_secs(2);
+        // Only INFO read since this instance became the master counts: the
+        // cached INFO of a just-promoted replica still says role:slave.
+        let since = self.master_since;
+        let down = self.instances.get(&self.master).is_some_and(|i| {
+            i.info.as_ref().is_some_and(|x| x.role == Role::Replica)
+                && i.info_at.is_some_and(|t| t > since)
+                && i.role_changed_at
+                    .map(|t| t.max(since))
+                    .is_some_and(|t| now.saturating_duration_since(t) > grace)
+        });
+        if down != self.master_role_down {
+            self.master_role_down = down;
+            if down {
+                self.emit(
+                    EventKind::Sdown,
+                    &Detail::MasterAnd("#reports role:slave".into()),
+                );
+            } else {
+                self.emit(EventKind::SdownCleared, &Detail::Master);
+            }
+            metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone())
+                .set(if self.master_sdown() { 1.0 } else { 0.0 });
+            self.publish_view();
+            self.ctx.hello_now.notify_one();
+            if down {
+                self.election.master_went_down();
+            }
+        }
+    }
+
+    /// Notice that this process did not run for a while (SIGSTOP, VM
+    /// pause, overload): nothing was observed meanwhile, so the silence is
+    /// forgiven and acting is suspended (TILT). Called by the tick *and*
+    /// before every event: after a stall the first thing the task handles
+    /// may be a probe's reply, and acting on it (demoting a "stray" master
+    /// that the peers promoted during the stall) with peers' hellos from
+    /// before the stall is exactly what TILT must prevent.
+    pub(super) fn notice_stall(&mut self, now: Instant) {
+        let Some(gap) = self.run_clock.ran(now) else {
+            return;
+        };
+        let tilt_period = (self.cfg.down_after * 3).max(Duration::from_secs(3));
+        self.ctx.tilt.enter(now, gap, tilt_period);
+        for inst in self.instances.values_mut() {
+            inst.sdown.forgive_until(now);
+        }
+        self.election.on_stall();
+    }
+
+    /// The gauges that change continuously, once a second.
+    pub(super) fn export_instance_gauges(&self, now: Instant) {
+        for inst in self.instances.values() {
+            let labels = [
+                ("group", self.cfg.name.clone()),
+                ("instance", inst.addr.to_string()),
+            ];
+            metrics::gauge!(m::INSTANCE_UP, &labels).set(if inst.sdown.is_down() {
+                0.0
+            } else {
+                1.0
+            });
+            if let Some(at) = inst.info_at {
+                metrics::gauge!(m::INFO_AGE, &labels)
+                    .set(now.saturating_duration_since(at).as_secs_f64());
+            }
+        }
+    }
+}
+
+/// A pause longer than this between two runs of the group task is a stall
+/// of the process, not scheduling noise.
+pub(super) fn stall_threshold(tick: Duration, down_after: Duration) -> Duration {
+    (tick * 4).max(Duration::from_secs(1)).max(down_after / 2)
+}
+
+/// When the group task last ran anything (a tick or an event).
+#[derive(Debug)]
+pub(super) struct RunClock {
+    last: Instant,
+    threshold: Duration,
+}
+
+impl RunClock {
+    pub(super) fn new(now: Instant, threshold: Duration) -> RunClock {
+        RunClock {
+            last: now,
+            threshold,
+        }
+    }
+
+    /// The task runs at `now`: the length of the pause before, when it was
+    /// a stall.
+    pub(super) fn ran(&mut self, now: Instant) -> Option<Duration> {
+        let gap = now.saturating_duration_since(self.last);
+        self.last = self.last.max(now);
+        (gap > self.threshold).then_some(gap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_is_noticed_once_by_whatever_runs_first() {
+        let start = Instant::now();
+        let mut clock = RunClock::new(
+            start,
+            stall_threshold(Duration::from_millis(100), Duration::from_secs(1)),
+        );
+        // Events and ticks a few ms to 900 ms apart: scheduling, not a stall.
+        for step in [5u64, 100, 900, 40] {
+            tokio::time::advance(Duration::from_millis(step)).await;
+            assert_eq!(clock.ran(Instant::now()), None, "after {step} ms");
+        }
+        // The process was stopped for 3 s; the first thing to run (here a
+        // probe's reply, before any tick) notices it, and only it.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(clock.ran(Instant::now()), Some(Duration::from_secs(3)));
+        assert_eq!(clock.ran(Instant::now()), None);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(clock.ran(Instant::now()), None);
+    }
+
+    #[test]
+    fn the_stall_threshold_grows_with_down_after() {
+        let tick = Duration::from_millis(100);
+        assert_eq!(
+            stall_threshold(tick, Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            stall_threshold(tick, Duration::from_secs(30)),
+            Duration::from_secs(15)
+        );
+    }
+}

@@ -1,0 +1,154 @@
+//! Step 9 and topology repair outside failovers: a returning old master
+//! (or any stray master) is demoted as soon as it answers, and a replica
+//! of the wrong master is re-pointed — only while this daemon's view is
+//! confirmed by a majority and its own master looks sane.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Group;
+use super::effects::Internal;
+use crate::addr::Addr;
+use crate::events::{Detail, EventKind};
+use crate::metrics as m;
+use crate::probe::Role;
+use crate::quorum::hello::PEER_TTL;
+use crate::resp::RespError;
+
+impl Group {
+    /// Whether this daemon may reconfigure instances on its own: not in
+    /// TILT, no election or failover, and its config confirmed by a
+    /// majority (its own view is not stale).
+    fn may_reconfigure(&self, now: Instant) -> bool {
+        if self.failover.is_some() || self.election.busy() || self.ctx.tilt.active(now) {
+            return false;
+        }
+        let mut confirmed = 1;
+        for e in self.peer_rx.borrow().iter() {
+            // Any peer known to hold a newer config, however old its hello:
+            // this daemon's view is stale and must not act on it.
+            if e.group(&self.cfg.name)
+                .is_some_and(|g| g.config_epoch > self.config_epoch)
+            {
+                return false;
+            }
+            // Only a recent hello confirms the peer's config; an answer to
+            // IS-DOWN proves it is alive, not what it believes (a daemon
+            // back from a partition hears answers before hellos).
+            if e.hello_within(now, PEER_TTL) {
+                confirmed += 1;
+            }
+        }
+        confirmed >= self.ctx.majority()
+    }
+
+    /// `addr` is up and reports `role:master` on an INFO read on its
+    /// current connection.
+    pub(super) fn reports_master_now(&self, addr: &Addr) -> bool {
+        self.instances
+            .get(addr)
+            .is_some_and(|i| i.fresh() && i.info.as_ref().is_some_and(|x| x.role == Role::Master))
+    }
+
+    pub(super) fn check_topology(&mut self, now: Instant) {
+        if !self.may_reconfigure(now) {
+            return;
+        }
+        self.publish_current_if_needed();
+        let master = self.master.clone();
+        let master_up = self
+            .instances
+            .get(&master)
+            .is_some_and(|i| !i.sdown.is_down());
+        // Sentinel's "master looks sane": up, and a master on a fresh INFO.
+        // Only then is another instance that reports role:master a stray to
+        // demote. With the master down (or not a master), that instance is
+        // far more likely a replica that a leader has just promoted, whose
+        // new config has not reached this daemon yet: demoting it would
+        // undo the failover and trigger a second one.
+        let master_sane = self.reports_master_now(&master);
+        let intended = self.election.intended(self.config_epoch).cloned();
+        let mut demote = Vec::new();
+        let mut repoint = Vec::new();
+        for inst in self.instances.values_mut() {
+            if inst.addr == master || Some(&inst.addr) == intended.as_ref() {
+                inst.wrong_master_since = None;
+                continue;
+            }
+            if !inst.fresh() {
+                continue;
+            }
+            let Some(info) = inst.info.as_ref() else {
+                continue;
+            };
+            if inst
+                .last_action
+                .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+            {
+                continue;
+            }
+            match info.role {
+                // A returning old master (or any stray master): demote at
+                // once, before anything could route to it (invariant 6).
+                Role::Master if master_sane => {
+                    inst.last_action = Some(now);
+                    demote.push((inst.addr.clone(), info.flavour));
+                }
+                Role::Replica if master_up => {
+                    let points_at = |a: &Addr| {
+                        info.master_host.as_deref() == Some(a.host.as_str())
+                            && info.master_port == Some(a.port)
+                    };
+                    // Following the replica a leader is promoting in a newer
+                    // epoch is right too: its config is on the way.
+                    let follows = points_at(&master) || intended.as_ref().is_some_and(points_at);
+                    if follows {
+                        inst.wrong_master_since = None;
+                    } else {
+                        let since = *inst.wrong_master_since.get_or_insert(now);
+                        if now.duration_since(since) >= Duration::from_millis(500) {
+                            inst.last_action = Some(now);
+                            repoint.push((inst.addr.clone(), info.flavour));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (addr, flavour) in demote {
+            self.emit(EventKind::ConvertToSlave, &Detail::Replica(addr.clone()));
+            tracing::info!(group = %self.cfg.name, instance = %addr, master = %master, "demoting a stray master");
+            let ops = self.ops.clone();
+            let m = master.clone();
+            self.effects.spawn(async move {
+                let r = ops.demote(&addr, flavour, &m).await;
+                Some(Internal::Demoted(addr, r))
+            });
+        }
+        for (addr, flavour) in repoint {
+            self.emit(EventKind::FixSlaveConfig, &Detail::Replica(addr.clone()));
+            let ops = self.ops.clone();
+            let m = master.clone();
+            let name = self.cfg.name.clone();
+            self.effects.spawn(async move {
+                if let Err(e) = ops.repoint(&addr, flavour, &m).await {
+                    tracing::warn!(group = %name, instance = %addr, error = %e, "re-pointing a replica failed");
+                }
+                None
+            });
+        }
+    }
+
+    pub(super) fn on_demoted(&mut self, addr: Addr, r: Result<(), RespError>) {
+        match r {
+            Ok(()) => {
+                metrics::counter!(m::DEMOTIONS, "group" => self.cfg.name.clone()).increment(1);
+                self.refresh_info(&addr);
+            }
+            Err(e) => {
+                tracing::warn!(group = %self.cfg.name, instance = %addr, error = %e, "demotion failed; will retry");
+            }
+        }
+    }
+}

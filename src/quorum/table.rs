@@ -1,0 +1,250 @@
+//! What this daemon knows of its peers: their ids, when they were last
+//! heard from, and their last hello. Published through a `watch`, so that
+//! group tasks read it without a shared lock and wake up when a peer
+//! announces a different config (and only then: a hello that repeats the
+//! last one, or an answer that only proves the peer alive, updates the
+//! table without waking anyone).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::metrics as m;
+use crate::quorum::peers::{Hello, HelloGroup};
+
+/// What this daemon knows about one peer.
+#[derive(Debug, Clone)]
+pub struct PeerEntry {
+    /// Configured address.
+    pub addr: String,
+    /// Its id, from its hello.
+    pub id: Option<String>,
+    /// When it last answered anything.
+    pub last_seen: Option<Instant>,
+    /// When its last hello arrived (the only proof of its current config).
+    pub last_hello: Option<Instant>,
+    /// Its last hello.
+    pub hello: Option<Arc<Hello>>,
+    /// Its groups by name (from the last hello).
+    groups: Arc<HashMap<String, HelloGroup>>,
+}
+
+impl PeerEntry {
+    fn new(addr: String) -> PeerEntry {
+        PeerEntry {
+            addr,
+            id: None,
+            last_seen: None,
+            last_hello: None,
+            hello: None,
+            groups: Arc::default(),
+        }
+    }
+
+    /// The peer's view of group `name`, from its last hello.
+    pub fn group(&self, name: &str) -> Option<&HelloGroup> {
+        self.groups.get(name)
+    }
+
+    /// It answered something within `ttl` of `now`.
+    pub fn seen_within(&self, now: Instant, ttl: Duration) -> bool {
+        self.last_seen
+            .is_some_and(|t| now.saturating_duration_since(t) <= ttl)
+    }
+
+    /// Its last hello is no older than `ttl`.
+    pub fn hello_within(&self, now: Instant, ttl: Duration) -> bool {
+        self.last_hello
+            .is_some_and(|t| now.saturating_duration_since(t) <= ttl)
+    }
+}
+
+/// A copy of the whole table, cheap to take (the hellos are shared).
+pub type PeerSnapshot = Arc<Vec<PeerEntry>>;
+
+/// The peers' latest hellos and liveness.
+#[derive(Debug)]
+pub struct PeerTable {
+    tx: watch::Sender<PeerSnapshot>,
+}
+
+impl PeerTable {
+    /// One entry per configured peer.
+    pub fn new(addrs: &[String]) -> Self {
+        let entries = addrs.iter().cloned().map(PeerEntry::new).collect();
+        PeerTable {
+            tx: watch::Sender::new(Arc::new(entries)),
+        }
+    }
+
+    /// The table as it is now.
+    pub fn snapshot(&self) -> PeerSnapshot {
+        self.tx.borrow().clone()
+    }
+
+    /// A receiver that wakes when a peer's announced config changes.
+    pub fn subscribe(&self) -> watch::Receiver<PeerSnapshot> {
+        self.tx.subscribe()
+    }
+
+    /// Change the entry at `idx` (if any); wake the subscribers when `f`
+    /// says it changed what they act on.
+    fn modify(&self, idx: Option<usize>, f: impl FnOnce(&mut PeerEntry) -> bool) -> bool {
+        let mut found = false;
+        self.tx.send_if_modified(|t| {
+            let Some(i) = idx.filter(|i| *i < t.len()) else {
+                return false;
+            };
+            found = true;
+            f(&mut Arc::make_mut(t)[i])
+        });
+        found
+    }
+
+    /// Record a hello: matched by address, else by id. Returns false for a
+    /// sender that is not a configured peer (its hello is then ignored:
+    /// membership is static).
+    pub fn record_hello(&self, hello: &Hello, now: Instant) -> bool {
+        let idx = {
+            let t = self.tx.borrow();
+            t.iter().position(|e| e.addr == hello.addr).or_else(|| {
+                t.iter()
+                    .position(|e| e.id.as_deref() == Some(hello.id.as_str()))
+            })
+        };
+        self.record_hello_at_opt(idx, hello, now)
+    }
+
+    /// Record the hello the peer at `idx` sent back in reply to ours: it is
+    /// that peer whatever address it announces (behind NAT or a proxy,
+    /// configured by another name, listening on 0.0.0.0 without
+    /// `announce`).
+    pub fn record_hello_at(&self, idx: usize, hello: &Hello, now: Instant) -> bool {
+        self.record_hello_at_opt(Some(idx), hello, now)
+    }
+
+    fn record_hello_at_opt(&self, idx: Option<usize>, hello: &Hello, now: Instant) -> bool {
+        self.modify(idx, |e| {
+            let groups: HashMap<String, HelloGroup> = hello
+                .groups
+                .iter()
+                .map(|g| (g.name.clone(), g.clone()))
+                .collect();
+            let changed = e.id.as_deref() != Some(hello.id.as_str()) || *e.groups != groups;
+            e.id = Some(hello.id.clone());
+            e.last_seen = Some(now);
+            e.last_hello = Some(now);
+            e.hello = Some(Arc::new(hello.clone()));
+            if changed {
+                e.groups = Arc::new(groups);
+            }
+            metrics::gauge!(m::PEER_UP, "peer" => e.addr.clone()).set(1.0);
+            changed
+        })
+    }
+
+    /// Remember the id the peer at `idx` gave for itself (`SENTINEL
+    /// MYID`), so that its own hellos are recognised by id when the
+    /// address it announces is not the one configured here.
+    pub fn set_id(&self, idx: usize, id: String) {
+        self.modify(Some(idx), |e| {
+            e.id = Some(id);
+            false
+        });
+    }
+
+    /// The id of the peer at `idx`, once known.
+    pub fn id_of(&self, idx: usize) -> Option<String> {
+        self.tx.borrow().get(idx).and_then(|e| e.id.clone())
+    }
+
+    /// Record that the peer at `idx` answered something.
+    pub fn mark_seen(&self, idx: usize, now: Instant) {
+        self.modify(Some(idx), |e| {
+            e.last_seen = Some(e.last_seen.map_or(now, |t| t.max(now)));
+            false
+        });
+    }
+
+    /// Refresh the peer-up gauges.
+    pub fn export_metrics(&self, now: Instant, ttl: Duration) {
+        for e in self.tx.borrow().iter() {
+            let up = e.seen_within(now, ttl);
+            metrics::gauge!(m::PEER_UP, "peer" => e.addr.clone()).set(if up { 1.0 } else { 0.0 });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::Addr;
+
+    fn hello(id: &str, addr: &str) -> Hello {
+        Hello {
+            id: id.into(),
+            addr: addr.into(),
+            current_epoch: 0,
+            groups: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn hellos_are_matched_by_address_then_by_learnt_id() {
+        let t = PeerTable::new(&["10.0.0.2:26379".into(), "proxy:7000".into()]);
+        let now = Instant::now();
+        assert!(t.record_hello(&hello("b", "10.0.0.2:26379"), now));
+        // Announced under another address than the configured one.
+        let c = hello("c", "10.0.0.3:26379");
+        assert!(!t.record_hello(&c, now));
+        t.set_id(1, "c".into());
+        assert!(t.record_hello(&c, now));
+        assert_eq!(t.snapshot()[1].hello.as_deref(), Some(&c));
+        // A stranger is still refused.
+        assert!(!t.record_hello(&hello("x", "10.0.0.9:26379"), now));
+    }
+
+    #[test]
+    fn a_reply_is_recorded_for_the_peer_it_came_from() {
+        let t = PeerTable::new(&["proxy:7000".into()]);
+        let now = Instant::now();
+        let c = hello("c", "0.0.0.0:26379");
+        assert!(t.record_hello_at(0, &c, now));
+        assert_eq!(t.id_of(0).as_deref(), Some("c"));
+        assert_eq!(t.snapshot()[0].last_seen, Some(now));
+        assert!(!t.record_hello_at(1, &c, now));
+    }
+
+    #[test]
+    fn subscribers_wake_only_when_a_peer_announces_another_config() {
+        let t = PeerTable::new(&["10.0.0.2:26379".into()]);
+        let mut rx = t.subscribe();
+        rx.mark_unchanged();
+        let now = Instant::now();
+        let mut h = hello("b", "10.0.0.2:26379");
+        h.groups.push(HelloGroup {
+            name: "g".into(),
+            master: Addr::new("10.0.0.5", 6379),
+            config_epoch: 1,
+            sdown: false,
+        });
+        t.record_hello(&h, now);
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+        // The same hello again, an answer: no wake-up, but recorded.
+        t.record_hello(&h, now + Duration::from_secs(1));
+        t.mark_seen(0, now + Duration::from_secs(2));
+        assert!(!rx.has_changed().unwrap());
+        let s = t.snapshot();
+        assert_eq!(s[0].last_hello, Some(now + Duration::from_secs(1)));
+        assert_eq!(s[0].last_seen, Some(now + Duration::from_secs(2)));
+        assert_eq!(s[0].group("g").map(|g| g.config_epoch), Some(1));
+        // A newer config wakes.
+        h.groups[0].config_epoch = 2;
+        t.record_hello(&h, now + Duration::from_secs(3));
+        assert!(rx.has_changed().unwrap());
+    }
+}
