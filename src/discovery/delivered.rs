@@ -10,6 +10,7 @@
 //! first write is sent again, which is why receivers must be idempotent
 //! (the same contract as Sentinel's client-reconfig-script).
 
+use std::future::Future;
 use std::sync::Mutex;
 
 use super::{DiscoveryError, Fence, Topology};
@@ -58,6 +59,34 @@ fn sorted(replicas: &[Addr]) -> Vec<Addr> {
 }
 
 impl Delivered {
+    /// Send `fence` with `send` unless it (or the publication of its
+    /// epoch) was delivered already; remember it once sent.
+    pub(crate) async fn fence_once<F: Future<Output = Result<(), DiscoveryError>>>(
+        &self,
+        fence: &Fence,
+        send: impl FnOnce() -> F,
+    ) -> Result<(), DiscoveryError> {
+        if self.check_fence(fence)? {
+            send().await?;
+            self.record_fence(fence);
+        }
+        Ok(())
+    }
+
+    /// Send `t` with `send` unless the same routing was delivered in its
+    /// epoch already; remember it once sent.
+    pub(crate) async fn publish_once<F: Future<Output = Result<(), DiscoveryError>>>(
+        &self,
+        t: &Topology,
+        send: impl FnOnce() -> F,
+    ) -> Result<(), DiscoveryError> {
+        if self.check_publish(t)? {
+            send().await?;
+            self.record_publish(t);
+        }
+        Ok(())
+    }
+
     fn get(&self) -> Option<Last> {
         // Poisoning only means a panic elsewhere; the value is a plain copy.
         self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()

@@ -282,23 +282,22 @@ impl Backend for ExecBackend {
 
     fn fence<'a>(&'a self, fence: &'a Fence) -> BoxFuture<'a, Result<(), DiscoveryError>> {
         Box::pin(async move {
-            if !self.on_fence || !self.delivered.check_fence(fence)? {
+            if !self.on_fence {
                 return Ok(());
             }
-            self.run(&Invocation::fence(fence)).await?;
-            self.delivered.record_fence(fence);
-            Ok(())
+            self.delivered
+                .fence_once(fence, || async move {
+                    self.run(&Invocation::fence(fence)).await
+                })
+                .await
         })
     }
 
     fn publish<'a>(&'a self, t: &'a Topology) -> BoxFuture<'a, Result<(), DiscoveryError>> {
         Box::pin(async move {
-            if !self.delivered.check_publish(t)? {
-                return Ok(());
-            }
-            self.run(&Invocation::publish(t)).await?;
-            self.delivered.record_publish(t);
-            Ok(())
+            self.delivered
+                .publish_once(t, || async move { self.run(&Invocation::publish(t)).await })
+                .await
         })
     }
 }

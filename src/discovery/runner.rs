@@ -33,15 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Backend, DiscoveryError, Fence, Topology};
-
-/// Counter of backend writes, labelled `backend` (the kind: `file`, `exec`,
-/// ...) and `result` (`ok`, `stale`, `transient`, `permanent`). Every
-/// attempt counts, retries included.
-pub const WRITES_TOTAL: &str = "picket_discovery_writes_total";
-
-/// Histogram of the duration of one backend write attempt in seconds,
-/// labelled `backend` (the kind).
-pub const WRITE_DURATION_SECONDS: &str = "picket_discovery_write_duration_seconds";
+use crate::metrics as m;
 
 // === Backoff ===
 
@@ -372,9 +364,10 @@ impl Slot {
     fn record(&self, op: &Op, result: &Result<(), DiscoveryError>, took: Duration) {
         let outcome = WriteResult::of(result);
         let kind = self.backend.kind();
-        metrics::counter!(WRITES_TOTAL, "backend" => kind, "result" => outcome.label())
+        metrics::counter!(m::DISCOVERY_WRITES, "backend" => kind, "result" => outcome.label())
             .increment(1);
-        metrics::histogram!(WRITE_DURATION_SECONDS, "backend" => kind).record(took.as_secs_f64());
+        metrics::histogram!(m::DISCOVERY_WRITE_DURATION, "backend" => kind)
+            .record(took.as_secs_f64());
         let mut c = lock(&self.counters);
         c.last_op = Some(op.kind());
         c.last_epoch = Some(op.epoch());
@@ -1253,11 +1246,11 @@ mod tests {
                 .collect();
             match value {
                 DebugValue::Counter(n) => {
-                    assert_eq!(key.name(), WRITES_TOTAL);
+                    assert_eq!(key.name(), m::DISCOVERY_WRITES);
                     counters.insert(labels.join(","), n);
                 }
                 DebugValue::Histogram(samples) => {
-                    assert_eq!(key.name(), WRITE_DURATION_SECONDS);
+                    assert_eq!(key.name(), m::DISCOVERY_WRITE_DURATION);
                     assert_eq!(labels, vec!["backend=fake".to_string()]);
                     histograms += samples.len();
                 }

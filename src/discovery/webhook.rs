@@ -339,23 +339,22 @@ impl Backend for WebhookBackend {
 
     fn fence<'a>(&'a self, fence: &'a Fence) -> BoxFuture<'a, Result<(), DiscoveryError>> {
         Box::pin(async move {
-            if !self.delivered.check_fence(fence)? {
-                return Ok(());
-            }
-            self.send(&WebhookBody::fence(fence)).await?;
-            self.delivered.record_fence(fence);
-            Ok(())
+            self.delivered
+                .fence_once(fence, || async move {
+                    self.send(&WebhookBody::fence(fence)).await
+                })
+                .await
         })
     }
 
     fn publish<'a>(&'a self, t: &'a Topology) -> BoxFuture<'a, Result<(), DiscoveryError>> {
         Box::pin(async move {
-            if !self.delivered.check_publish(t)? {
-                return Ok(());
-            }
-            self.send(&WebhookBody::publish(t)).await?;
-            self.delivered.record_publish(t);
-            Ok(())
+            self.delivered
+                .publish_once(
+                    t,
+                    || async move { self.send(&WebhookBody::publish(t)).await },
+                )
+                .await
         })
     }
 }
