@@ -103,6 +103,7 @@ impl FileBackend {
     }
 
     /// The file written.
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.inner.path
     }

@@ -7,12 +7,12 @@
 //! a higher one; it answers [`DiscoveryError::Stale`] instead.
 
 mod delivered;
-pub mod exec;
-pub mod file;
+pub(crate) mod exec;
+pub(crate) mod file;
 pub mod kubernetes;
-pub mod memory;
-pub mod runner;
-pub mod webhook;
+pub(crate) mod memory;
+pub(crate) mod runner;
+pub(crate) mod webhook;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -228,20 +228,6 @@ fn list(failures: &[BackendFailure]) -> String {
         .join("; ")
 }
 
-impl RunnerError {
-    /// The highest epoch a backend reported holding above ours, if any:
-    /// another failover has won, and this one should stand down.
-    pub fn stale_epoch(&self) -> Option<u64> {
-        self.failures
-            .iter()
-            .filter_map(|f| match &f.reason {
-                FailureReason::Backend(DiscoveryError::Stale { stored, .. }) => Some(*stored),
-                _ => None,
-            })
-            .max()
-    }
-}
-
 // === Ops and slots ===
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -464,14 +450,10 @@ impl DiscoveryRunner {
     }
 
     /// Replace the retry delays (tests use no jitter).
+    #[cfg(test)]
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
-    }
-
-    /// The group.
-    pub fn group(&self) -> &str {
-        &self.group
     }
 
     /// Take `fence.old_master` out of routing in every backend; `Ok` once
@@ -697,6 +679,17 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+
+    /// The highest epoch a backend reported holding above ours.
+    fn stale_epoch(e: &RunnerError) -> Option<u64> {
+        e.failures
+            .iter()
+            .filter_map(|f| match &f.reason {
+                FailureReason::Backend(DiscoveryError::Stale { stored, .. }) => Some(*stored),
+                _ => None,
+            })
+            .max()
+    }
     use crate::addr::Addr;
     use crate::discovery::{BoxFuture, Reporter};
 
@@ -988,7 +981,7 @@ mod tests {
         assert_eq!(Instant::now(), start, "no waiting for final answers");
         assert_eq!(stale.calls().len(), 1);
         assert_eq!(perm.calls().len(), 1);
-        assert_eq!(err.stale_epoch(), Some(9));
+        assert_eq!(stale_epoch(&err), Some(9));
         assert_eq!(err.failures.len(), 2);
         assert_eq!(
             err.failures[1].reason,
@@ -1083,11 +1076,11 @@ mod tests {
         r.publish(topo(5), ms(10)).await.unwrap();
         eventually(Duration::from_secs(1), || best.calls().len() >= 2).await;
         let err = r.fence(fence(4), Duration::from_secs(1)).await.unwrap_err();
-        assert_eq!(err.stale_epoch(), Some(5));
+        assert_eq!(stale_epoch(&err), Some(5));
         assert_eq!(err.failures.len(), 1, "only the required backend is listed");
         // A fence after the publication of the same epoch is older too.
         let err = r.fence(fence(5), Duration::from_secs(1)).await.unwrap_err();
-        assert_eq!(err.stale_epoch(), Some(5));
+        assert_eq!(stale_epoch(&err), Some(5));
         assert_eq!(req.calls().len(), 1);
         // The best-effort publication of epoch 5 was not cancelled.
         let n = best.calls().len();

@@ -316,6 +316,8 @@ async fn run(
             }
         }
     }
+    // Background retries of the discovery backends end with the group too.
+    g.discovery.shutdown();
     g.effects.stop().await;
     tracing::info!(group = %g.cfg.name, "group task stopped");
 }

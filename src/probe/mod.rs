@@ -5,7 +5,7 @@
 //! it saw to the group's decision task. It decides nothing itself.
 
 pub mod info;
-pub mod sdown;
+pub(crate) mod sdown;
 
 use std::sync::Arc;
 use std::time::Duration;

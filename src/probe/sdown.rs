@@ -83,11 +83,6 @@ impl Sdown {
     pub fn last_valid(&self) -> Instant {
         self.last_valid
     }
-
-    /// Change the threshold (config reload).
-    pub fn set_down_after(&mut self, down_after: Duration) {
-        self.down_after = down_after;
-    }
 }
 
 /// Whether a PING reply counts as "the instance is available".

@@ -285,6 +285,7 @@ impl Election {
     }
 
     /// The settings.
+    #[cfg(test)]
     pub fn settings(&self) -> &Settings {
         &self.settings
     }
@@ -523,12 +524,6 @@ impl Election {
             self.intended = Some((q.epoch, p.clone()));
         }
         true
-    }
-
-    /// The failover machine could not start: no replica qualifies on the
-    /// freshest view.
-    pub fn on_failover_not_started(&mut self, now: Instant) {
-        self.back_off(now);
     }
 
     /// The failover ended; after an abort the next attempt waits.

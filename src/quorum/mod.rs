@@ -1,11 +1,11 @@
 //! The quorum: links to the peers and their protocol, ODOWN and the
 //! election, votes and epochs, and the persisted state.
 
-pub mod election;
-pub mod hello;
+pub(crate) mod election;
+pub(crate) mod hello;
 pub mod peers;
 #[cfg(test)]
 mod sim;
 pub mod state;
-pub mod table;
-pub mod vote;
+pub(crate) mod table;
+pub(crate) mod vote;
