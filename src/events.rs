@@ -74,6 +74,9 @@ pub enum EventKind {
     Slave,
     /// `+reset-master`: `SENTINEL RESET`.
     ResetMaster,
+    /// `+script-kill` (picket's): `SCRIPT KILL` sent to an instance that
+    /// is SDOWN and answers `-BUSY`.
+    ScriptKill,
     /// `+tilt`: stall protection entered.
     Tilt,
     /// `-tilt`.
@@ -114,6 +117,7 @@ impl EventKind {
             EventKind::FixSlaveConfig => "+fix-slave-config",
             EventKind::Slave => "+slave",
             EventKind::ResetMaster => "+reset-master",
+            EventKind::ScriptKill => "+script-kill",
             EventKind::Tilt => "+tilt",
             EventKind::TiltExit => "-tilt",
         }

@@ -11,6 +11,17 @@ use crate::addr::Addr;
 use crate::probe::info::{self, Flavour, InfoSnapshot, Role};
 use crate::resp::{ClientOptions, Connection, RespError, ServerError, frame_int, frame_text};
 
+/// What `SCRIPT KILL` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptKill {
+    /// The script was stopped.
+    Killed,
+    /// Nothing was running any more.
+    NotBusy,
+    /// The script has written and cannot be stopped.
+    Unkillable,
+}
+
 /// How to reach instances for administrative commands.
 #[derive(Debug, Clone)]
 pub struct InstanceOps {
@@ -168,6 +179,25 @@ impl InstanceOps {
                 "{addr}: EXEC replied {other:?}"
             ))),
             Err(e) => Err(PromoteError::Flush(format!("{addr}: EXEC: {e}"))),
+        }
+    }
+
+    /// `SCRIPT KILL` on `addr`, which answers `-BUSY`: a script (or
+    /// function) that has not written can be stopped; one that has
+    /// written cannot (`-UNKILLABLE`), and one that ended meanwhile
+    /// answers `-NOTBUSY`. On the probe's own connection would not do: it
+    /// waits for its PING.
+    pub async fn script_kill(&self, addr: &Addr) -> Result<ScriptKill, RespError> {
+        let mut c = Connection::connect(&addr.to_string(), &self.client).await?;
+        match c.call(["SCRIPT", "KILL"]).await {
+            Ok(_) => Ok(ScriptKill::Killed),
+            Err(RespError::Server(e)) if e.message().starts_with("NOTBUSY") => {
+                Ok(ScriptKill::NotBusy)
+            }
+            Err(RespError::Server(e)) if e.message().starts_with("UNKILLABLE") => {
+                Ok(ScriptKill::Unkillable)
+            }
+            Err(e) => Err(e),
         }
     }
 

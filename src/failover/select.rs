@@ -39,6 +39,8 @@ pub struct Candidate {
     pub sync_in_progress: bool,
     /// `master_link_down_since_seconds`.
     pub link_down_since: Option<Duration>,
+    /// Its last reply was `-BUSY` (a script runs).
+    pub busy: bool,
 }
 
 /// Why a replica was not chosen (for logs and status).
@@ -61,6 +63,8 @@ pub enum Exclusion {
     LongDisconnected,
     /// Reports neither master nor replica.
     UnknownRole,
+    /// Answers `-BUSY`: a script runs on it.
+    Busy,
 }
 
 /// Limits used by the exclusions.
@@ -95,6 +99,9 @@ pub fn exclusion(c: &Candidate, limits: &SelectionLimits) -> Option<Exclusion> {
     }
     if !c.connected {
         return Some(Exclusion::Disconnected);
+    }
+    if c.busy {
+        return Some(Exclusion::Busy);
     }
     if c.last_ok_age > limits.max_reply_age {
         return Some(Exclusion::NoRecentReply);
@@ -181,6 +188,7 @@ mod tests {
             loading: false,
             sync_in_progress: false,
             link_down_since: Some(Duration::from_secs(1)),
+            busy: false,
         }
     }
 
@@ -234,6 +242,9 @@ mod tests {
         c.connected = false;
         assert_eq!(exclusion(&c, &l), Some(Exclusion::Disconnected));
         c.connected = true;
+        c.busy = true;
+        assert_eq!(exclusion(&c, &l), Some(Exclusion::Busy));
+        c.busy = false;
         c.loading = true;
         assert_eq!(exclusion(&c, &l), Some(Exclusion::Loading));
         c.loading = false;

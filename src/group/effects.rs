@@ -57,6 +57,8 @@ pub(super) enum Internal {
         epoch: u64,
         result: Result<bool, StateError>,
     },
+    /// A `SCRIPT KILL` to a busy instance ended.
+    ScriptKilled(Addr, Result<crate::failover::ops::ScriptKill, RespError>),
     /// A stray master was demoted (or not).
     Demoted(Addr, Result<(), RespError>),
     /// The master a peer announces reported this role.

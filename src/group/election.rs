@@ -67,6 +67,7 @@ impl<'a> ReplicaSet<'a> {
             link_down_since: info
                 .and_then(|x| x.master_link_down_since_secs)
                 .map(Duration::from_secs),
+            busy: i.busy,
         }
     }
 }

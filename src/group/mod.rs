@@ -371,6 +371,7 @@ impl Group {
             } => self.on_published(now, epoch, persisted, machine, result),
             Internal::ConfigPersisted { epoch, result } => self.on_config_persisted(epoch, result),
             Internal::Demoted(addr, r) => self.on_demoted(addr, r),
+            Internal::ScriptKilled(addr, r) => self.on_script_killed(addr, r),
             Internal::PeerConfigChecked { from, group, role } => {
                 self.on_peer_config_checked(from, group, role)
             }

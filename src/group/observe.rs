@@ -7,12 +7,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Group;
+use super::effects::Internal;
 use crate::addr::Addr;
 use crate::events::{Detail, EventKind};
+use crate::failover::ops::ScriptKill;
 use crate::metrics as m;
 use crate::probe::info::InfoSnapshot;
 use crate::probe::sdown::{Sdown, Transition};
 use crate::probe::{self, ProbeEvent, ProbeHandle, ProbeSettings, Role};
+use crate::resp::RespError;
 
 /// One data server of the group, as this daemon sees it.
 pub(super) struct Instance {
@@ -28,9 +31,40 @@ pub(super) struct Instance {
     pub(super) role_changed_at: Option<Instant>,
     pub(super) last_action: Option<Instant>,
     pub(super) wrong_master_since: Option<Instant>,
+    /// Its last reply was `-BUSY`: alive, but running a script.
+    pub(super) busy: bool,
+    /// The `SCRIPT KILL` sent while it was SDOWN and busy.
+    pub(super) script_kill: Option<KillAttempt>,
+}
+
+/// One `SCRIPT KILL` (Sentinel's `script_kill_sent`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KillAttempt {
+    pub(super) sent_at: Instant,
+    /// None while it is under way; Err when it could not be sent.
+    pub(super) outcome: Option<Result<ScriptKill, ()>>,
 }
 
 impl Instance {
+    /// A busy instance is not down for the quorum until a `SCRIPT KILL`
+    /// has had `down_after` to work (Sentinel kills the script before it
+    /// fails a live server over; with `flush_on_failover` the new master
+    /// would start empty). A script that has written cannot be killed:
+    /// then, as when the kill could not be sent, it is down as before.
+    pub(super) fn busy_hold(&self, now: Instant, down_after: Duration) -> bool {
+        if !self.busy {
+            return false;
+        }
+        match self.script_kill {
+            None => true,
+            Some(KillAttempt {
+                outcome: Some(Ok(ScriptKill::Unkillable) | Err(())),
+                ..
+            }) => false,
+            Some(k) => now < k.sent_at + down_after,
+        }
+    }
+
     /// Reachable and read on its current connection: what it says now,
     /// never a remembered reply of an instance that has since died.
     pub(super) fn fresh(&self) -> bool {
@@ -76,6 +110,8 @@ impl Group {
                 role_changed_at: None,
                 last_action: None,
                 wrong_master_since: None,
+                busy: false,
+                script_kill: None,
             },
         );
         if *addr != self.master {
@@ -90,13 +126,15 @@ impl Group {
         }
     }
 
-    /// This daemon sees the master down: SDOWN, or `role:slave` too long.
+    /// This daemon sees the master down: SDOWN (and not a busy script
+    /// being killed, [`Instance::busy_hold`]), or `role:slave` too long.
     pub(super) fn master_sdown(&self) -> bool {
+        let now = Instant::now();
         self.master_role_down
             || self
                 .instances
                 .get(&self.master)
-                .is_some_and(|i| i.sdown.is_down())
+                .is_some_and(|i| i.sdown.is_down() && !i.busy_hold(now, self.cfg.down_after))
     }
 
     pub(super) fn on_probe(&mut self, ev: ProbeEvent) {
@@ -109,20 +147,36 @@ impl Group {
         };
         let mut transition = None;
         let mut new_replicas = Vec::new();
+        let mut kill = false;
         match ev {
             ProbeEvent::Ping {
-                at, valid, error, ..
+                at,
+                valid,
+                error,
+                busy,
+                ..
             } => {
                 if !inst.connected {
                     inst.connected_at = Some(at);
                 }
                 inst.connected = true;
                 inst.last_reply = Some(at);
+                inst.busy = busy;
                 if valid {
                     transition = inst.sdown.on_valid_reply(at);
                     inst.last_error = None;
+                    inst.script_kill = None;
                 } else {
                     inst.last_error = error;
+                }
+                // Sentinel's rule: once it is SDOWN and answers -BUSY, one
+                // SCRIPT KILL.
+                if busy && inst.sdown.is_down() && inst.script_kill.is_none() {
+                    inst.script_kill = Some(KillAttempt {
+                        sent_at: at,
+                        outcome: None,
+                    });
+                    kill = true;
                 }
             }
             ProbeEvent::Unreachable { error, .. } => {
@@ -130,6 +184,7 @@ impl Group {
                     tracing::debug!(group = %group, instance = %addr, %error, "probe failed");
                 }
                 inst.connected = false;
+                inst.busy = false;
                 inst.last_error = Some(error);
             }
             ProbeEvent::Info { at, info, .. } => {
@@ -157,6 +212,9 @@ impl Group {
         if let Some(t) = transition {
             self.on_sdown_transition(&addr, t);
         }
+        if kill {
+            self.kill_script(&addr);
+        }
         for r in new_replicas {
             self.ensure_instance(&r);
         }
@@ -164,6 +222,42 @@ impl Group {
         // demoted within the second it answers).
         self.check_topology(Instant::now());
         self.feed_reconfiguration(&addr);
+    }
+
+    fn kill_script(&mut self, addr: &Addr) {
+        let detail = if *addr == self.master {
+            Detail::Master
+        } else {
+            Detail::Replica(addr.clone())
+        };
+        self.emit(EventKind::ScriptKill, &detail);
+        let ops = self.ops.clone();
+        let addr = addr.clone();
+        self.effects.spawn(async move {
+            let result = ops.script_kill(&addr).await;
+            Some(Internal::ScriptKilled(addr, result))
+        });
+    }
+
+    pub(super) fn on_script_killed(&mut self, addr: Addr, result: Result<ScriptKill, RespError>) {
+        let Some(inst) = self.instances.get_mut(&addr) else {
+            return;
+        };
+        let Some(k) = inst.script_kill.as_mut() else {
+            return;
+        };
+        match &result {
+            Ok(ScriptKill::Unkillable) => {
+                tracing::warn!(group = %self.cfg.name, instance = %addr, "the busy script has written and cannot be killed; the instance counts as down")
+            }
+            Ok(outcome) => {
+                tracing::info!(group = %self.cfg.name, instance = %addr, ?outcome, "SCRIPT KILL sent to a busy instance")
+            }
+            Err(e) => {
+                tracing::warn!(group = %self.cfg.name, instance = %addr, error = %e, "SCRIPT KILL failed; the instance counts as down")
+            }
+        }
+        k.outcome = Some(result.map_err(|_| ()));
     }
 
     fn on_sdown_transition(&mut self, addr: &Addr, t: Transition) {

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::addr::Addr;
 use crate::metrics as m;
-use crate::resp::{ClientOptions, Connection, RespError};
+use crate::resp::{ClientOptions, Connection, RespError, ServerError};
 pub use info::{Flavour, InfoSnapshot, Role};
 
 /// What a probe reports.
@@ -34,6 +34,8 @@ pub enum ProbeEvent {
         latency: Option<Duration>,
         /// What went wrong, when not valid.
         error: Option<String>,
+        /// The reply was `-BUSY` (a script or function runs too long).
+        busy: bool,
     },
     /// A parsed INFO reply.
     Info {
@@ -219,12 +221,14 @@ async fn ping_round(
         Err(e) if valid => (Some(e.to_string()), None),
         Err(e) => (Some(e.to_string()), Some(e)),
     };
+    let busy = matches!(reply, Err(RespError::Server(ServerError::Busy(_))));
     let ev = ProbeEvent::Ping {
         addr: s.addr.clone(),
         at,
         valid,
         latency: reply.is_ok().then_some(latency),
         error,
+        busy,
     };
     if tx.send(ev).await.is_err() {
         return Ok(false);
@@ -266,6 +270,7 @@ async fn info_round(
         valid: true,
         latency: Some(at - start),
         error: None,
+        busy: false,
     };
     if tx.send(ping).await.is_err() {
         return Ok(false);
