@@ -81,7 +81,8 @@ impl Group {
             });
         }
         self.ctx.hello_now.notify_one();
-        self.publish_view();
+        self.dirty = true;
+        self.urgent = true;
     }
 
     /// Persist the adopted config, then publish `topology` to every

@@ -107,8 +107,11 @@ impl Group {
         f: impl FnOnce(&mut Election, &Observation<'_>) -> Vec<Action>,
     ) {
         let (actions, tilt) = self.decide(now, f);
+        let reason = self.reason.clone();
+        self.dirty |= !actions.is_empty();
         self.run_election_actions(now, actions);
         self.update_reason(now, tilt);
+        self.dirty |= self.reason != reason;
     }
 
     /// Run `f` on the election machine with the observation of `now`;

@@ -90,6 +90,7 @@ impl Group {
         let Some(run) = self.failover.as_ref() else {
             return;
         };
+        self.dirty |= !actions.is_empty();
         let epoch = run.machine.epoch;
         let deadline = self.cfg.failover_timeout;
         for action in actions {

@@ -46,6 +46,28 @@ pub(super) struct KillAttempt {
 }
 
 impl Instance {
+    /// What the view shows of the instance, besides ages and offsets: a
+    /// probe report that changes none of it does not republish the view.
+    fn shown(&self) -> impl PartialEq + use<> {
+        let info = self.info.as_ref();
+        (
+            self.connected,
+            self.sdown.is_down(),
+            self.busy,
+            self.last_error.clone(),
+            info.map(|i| {
+                (
+                    i.role,
+                    i.master_link_up,
+                    i.master_host.clone(),
+                    i.master_port,
+                    i.loading,
+                    i.priority,
+                )
+            }),
+        )
+    }
+
     /// A busy instance is not down for the quorum until a `SCRIPT KILL`
     /// has had `down_after` to work (Sentinel kills the script before it
     /// fails a live server over; with `flush_on_failover` the new master
@@ -117,6 +139,7 @@ impl Group {
         if *addr != self.master {
             self.emit(EventKind::Slave, &Detail::Replica(addr.clone()));
         }
+        self.dirty = true;
     }
 
     /// Ask `addr`'s probe for an INFO now.
@@ -145,6 +168,7 @@ impl Group {
         let Some(inst) = self.instances.get_mut(&addr) else {
             return;
         };
+        let before = inst.shown();
         let mut transition = None;
         let mut new_replicas = Vec::new();
         let mut kill = false;
@@ -208,6 +232,13 @@ impl Group {
                 inst.info = Some(*info);
                 inst.info_at = Some(at);
             }
+        }
+        if self
+            .instances
+            .get(&addr)
+            .is_some_and(|i| i.shown() != before)
+        {
+            self.dirty = true;
         }
         if let Some(t) = transition {
             self.on_sdown_transition(&addr, t);
@@ -280,7 +311,9 @@ impl Group {
         if *addr == self.master {
             metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone()).set(1.0 - up);
             // Peers learn it at once through the next hello and our asks.
-            self.publish_view();
+            // Peers learn it from the hello that goes out now.
+            self.dirty = true;
+            self.urgent = true;
             self.ctx.hello_now.notify_one();
             if t == Transition::Down {
                 self.election.master_went_down();
@@ -335,7 +368,9 @@ impl Group {
             }
             metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone())
                 .set(if self.master_sdown() { 1.0 } else { 0.0 });
-            self.publish_view();
+            // Peers learn it from the hello that goes out now.
+            self.dirty = true;
+            self.urgent = true;
             self.ctx.hello_now.notify_one();
             if down {
                 self.election.master_went_down();

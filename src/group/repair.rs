@@ -116,6 +116,7 @@ impl Group {
                 _ => {}
             }
         }
+        self.dirty |= !demote.is_empty() || !repoint.is_empty();
         for (addr, flavour) in demote {
             self.emit(EventKind::ConvertToSlave, &Detail::Replica(addr.clone()));
             tracing::info!(group = %self.cfg.name, instance = %addr, master = %master, "demoting a stray master");

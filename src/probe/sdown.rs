@@ -79,6 +79,14 @@ impl Sdown {
         self.down_since
     }
 
+    /// When the instance turns SDOWN if no valid reply comes first (None
+    /// while it is SDOWN).
+    pub fn deadline(&self) -> Option<Instant> {
+        self.down_since
+            .is_none()
+            .then(|| self.last_valid + self.down_after + Duration::from_millis(1))
+    }
+
     /// When the last valid reply arrived.
     pub fn last_valid(&self) -> Instant {
         self.last_valid
