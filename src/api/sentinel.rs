@@ -551,6 +551,7 @@ mod tests {
             failover_timeout_ms: 30000,
             parallel_syncs: 1,
             flush_on_failover: false,
+            isolation_fence: None,
             status: "ok".into(),
             reason: None,
             master_sdown: false,

@@ -3,6 +3,7 @@
 //! elections and the failover state machine, fences returning old masters
 //! and publishes a [`view::GroupView`] for readers.
 
+mod isolation;
 pub mod view;
 
 use std::collections::{BTreeMap, HashMap};
@@ -168,6 +169,8 @@ struct Group {
     /// a second.
     quorum_reachable: Option<bool>,
     reason: Option<String>,
+    /// Isolation fencing (`[group.isolation_fencing]`), see `isolation.rs`.
+    isolation: isolation::Isolation,
 }
 
 const HELLO_TTL: Duration = Duration::from_secs(3);
@@ -273,6 +276,7 @@ pub fn spawn(
         master_since: now,
         quorum_reachable: None,
         reason: None,
+        isolation: isolation::Isolation::new(&cfg.name, cfg.isolation_fencing.clone()),
         cfg,
         ctx,
     };
@@ -329,6 +333,7 @@ fn placeholder_view(
         failover_timeout_ms: ms(cfg.failover_timeout),
         parallel_syncs: cfg.parallel_syncs,
         flush_on_failover: cfg.flush_on_failover,
+        isolation_fence: None,
         status: "starting".into(),
         reason: None,
         master_sdown: false,
@@ -545,6 +550,7 @@ impl Group {
             self.machine_input(now, Input::Tick);
         }
         self.check_topology(now);
+        self.isolation_tick(now);
         // Gauges that change continuously are exported once a second, not
         // at every tick: with a thousand instances the tick is hot.
         if now.saturating_duration_since(self.last_export) >= Duration::from_secs(1) {
@@ -1306,6 +1312,7 @@ impl Group {
         }
         self.ctx.hello_now.notify_one();
         self.publish_view();
+        self.isolation_on_adopt();
     }
 
     /// Persist a config that [`Group::adopt_master`] could only apply in
@@ -1896,6 +1903,7 @@ impl Group {
             failover_timeout_ms: ms(self.cfg.failover_timeout),
             parallel_syncs: self.cfg.parallel_syncs,
             flush_on_failover: self.cfg.flush_on_failover,
+            isolation_fence: self.isolation_view(),
             status: status.into(),
             reason: self.reason.clone(),
             master_sdown: self.master_sdown(),
@@ -1926,6 +1934,7 @@ pub fn hello_groups(groups: &HashMap<String, GroupHandle>) -> Vec<HelloGroup> {
                 master: v.master.clone(),
                 config_epoch: v.config_epoch,
                 sdown: v.master_sdown,
+                replicas: Some(isolation::replica_sight(&v)),
             }
         })
         .collect();

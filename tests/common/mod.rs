@@ -19,6 +19,11 @@
 //! the same addresses at the same time.
 #![allow(dead_code)]
 
+/// Partitions by address with iptables rules of their own (shared with the
+/// benchmark): `partition::Partition`.
+#[path = "../../bench/src/partition.rs"]
+pub mod partition;
+
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -1522,20 +1527,7 @@ impl NetCut {
     }
 
     fn iptables(args: &[String]) -> Result<(), String> {
-        let out = Command::new("iptables")
-            .arg("-w")
-            .args(args)
-            .output()
-            .map_err(|e| format!("iptables: {e} (is iptables installed?)"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "iptables {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        partition::iptables(&args.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
     /// Drop every packet member `i` sends to `server`, from now until
