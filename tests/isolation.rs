@@ -16,13 +16,10 @@
 mod common;
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::partition::Partition;
 use common::*;
-use picket::resp::{ClientOptions, Connection};
 
 const GROUP: &str = "cache";
 /// `max_lag` of the tests' fence, in seconds.
@@ -39,15 +36,6 @@ fn fenced_group(master: SocketAddr) -> String {
         2,
         &format!("\n[group.isolation_fencing]\nmin_replicas = 1\nmax_lag = \"{LAG}s\"\n"),
     )
-}
-
-/// `min-replicas-to-write` of a server, None when unreachable.
-fn min_replicas(server: SocketAddr) -> Option<i64> {
-    let r = redis_cmd(server, &["CONFIG", "GET", "min-replicas-to-write"]).ok()?;
-    match r {
-        Reply::Array(kv) => kv.get(1)?.as_str()?.parse().ok(),
-        _ => None,
-    }
 }
 
 fn set_ok(server: SocketAddr, key: &str) -> Result<(), String> {
@@ -69,7 +57,7 @@ fn wait_fence(cluster: &PicketCluster, master: SocketAddr, want: u64, timeout: D
                 f["target"].as_u64() == Some(want)
                     && f["in_force"].as_u64() == Some(want)
                     && f["confirmed_on"].as_str() == Some(master.to_string().as_str())
-            }) && min_replicas(master) == Some(want as i64)
+            }) && min_replicas_to_write(master) == Some(want as i64)
         },
     );
 }
@@ -147,7 +135,7 @@ fn a_fenced_group_stays_writable_when_both_replicas_die() {
         "writable again {:?} after the kill (first refusal: {first_refusal:?}); {seq} writes",
         since.duration_since(killed)
     );
-    assert_eq!(min_replicas(m), Some(0));
+    assert_eq!(min_replicas_to_write(m), Some(0));
     for n in &cluster.nodes {
         let f = &n.group(GROUP)["isolation_fence"];
         assert_eq!(f["lowered"], true, "{}: {f}", n.id);
@@ -200,63 +188,6 @@ fn a_fenced_group_stays_writable_when_both_replicas_die() {
     );
 }
 
-/// What the client on the isolated master's side saw.
-#[derive(Debug, Default)]
-struct SideClient {
-    /// Acknowledged writes: sequence number and when.
-    acked: Vec<(u64, Instant)>,
-    /// Refused writes (error replies) and when.
-    refused: Vec<(String, Instant)>,
-}
-
-/// A client that writes `iso:<seq>` to `master` every 10 ms from the
-/// address `source`, on one connection kept as long as it works (as real
-/// clients do), reconnecting to the same master when it breaks.
-fn side_client(
-    master: SocketAddr,
-    source: IpAddr,
-    stop: Arc<AtomicBool>,
-) -> (Arc<Mutex<SideClient>>, std::thread::JoinHandle<()>) {
-    let log = Arc::new(Mutex::new(SideClient::default()));
-    let out = log.clone();
-    let handle = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let opts = ClientOptions {
-                connect_timeout: Duration::from_millis(300),
-                command_timeout: Duration::from_millis(300),
-                ..Default::default()
-            };
-            let mut conn: Option<Connection> = None;
-            let mut seq = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                if conn.is_none() {
-                    conn = Connection::connect_from(&master.to_string(), source, &opts)
-                        .await
-                        .ok();
-                }
-                let Some(c) = conn.as_mut() else { continue };
-                seq += 1;
-                let key = format!("iso:{seq}");
-                match c.call(["SET", key.as_str(), "1"]).await {
-                    Ok(_) => out.lock().unwrap().acked.push((seq, Instant::now())),
-                    Err(picket::resp::RespError::Server(e)) => out
-                        .lock()
-                        .unwrap()
-                        .refused
-                        .push((e.to_string(), Instant::now())),
-                    Err(_) => conn = None,
-                }
-            }
-        });
-    });
-    (log, handle)
-}
-
 #[test]
 fn an_isolated_master_stops_acknowledging_writes_within_the_lag() {
     if !root_or_skip("an_isolated_master_stops_acknowledging_writes_within_the_lag") {
@@ -271,12 +202,11 @@ fn an_isolated_master_stops_acknowledging_writes_within_the_lag() {
     wait_fence(&cluster, m, 1, Duration::from_secs(20));
 
     let source: IpAddr = next_loopback_ip().parse().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (log, writer) = side_client(m, source, stop.clone());
+    let client = SideClient::start(m, source, "iso");
     wait_for(
         "the side client's first writes",
         Duration::from_secs(10),
-        || log.lock().unwrap().acked.len() >= 20,
+        || client.acked().len() >= 20,
     );
 
     // The master and the client on one side; the daemons and the replicas
@@ -287,18 +217,9 @@ fn an_isolated_master_stops_acknowledging_writes_within_the_lag() {
     std::thread::sleep(Duration::from_secs(8));
     let (new_master, _) =
         cluster.wait_agreed_new_master(GROUP, &[0, 1, 2], m, Duration::from_secs(10));
-    let (acked_after, last_ack, first_refusal) = {
-        let l = log.lock().unwrap();
-        let after: Vec<(u64, Instant)> =
-            l.acked.iter().filter(|(_, t)| *t > cut).copied().collect();
-        let last = after.last().map(|(_, t)| t.duration_since(cut));
-        let refusal = l
-            .refused
-            .iter()
-            .find(|(_, t)| *t > cut)
-            .map(|(e, t)| (e.clone(), t.duration_since(cut)));
-        (after, last, refusal)
-    };
+    let acked_after = client.acked_after(cut);
+    let last_ack = acked_after.last().map(|(_, t)| t.duration_since(cut));
+    let first_refusal = client.first_refusal_after(cut);
     part.heal().unwrap();
     eprintln!(
         "isolated master: {} writes acknowledged after the cut, the last {last_ack:?} after it; \
@@ -334,10 +255,9 @@ fn an_isolated_master_stops_acknowledging_writes_within_the_lag() {
     wait_for(
         "the demoted master's fence cleared",
         Duration::from_secs(10),
-        || min_replicas(m) == Some(0),
+        || min_replicas_to_write(m) == Some(0),
     );
-    stop.store(true, Ordering::SeqCst);
-    writer.join().unwrap();
+    drop(client);
     // What the isolated master acknowledged after the cut is gone (it was
     // never replicated): the bound is on how much that can be.
     let lost = acked_after
@@ -416,7 +336,7 @@ fn replicas_cut_off_from_the_master_but_seen_by_the_daemons_keep_the_fence() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(min_replicas(m), Some(1));
+    assert_eq!(min_replicas_to_write(m), Some(1));
     for n in &cluster.nodes {
         let f = &n.group(GROUP)["isolation_fence"];
         assert_eq!(f["lowered"], false, "{}: {f}", n.id);
