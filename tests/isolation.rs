@@ -9,11 +9,16 @@
 //! - a master whose replicas are cut off from it but still seen by the
 //!   daemons keeps its fence (it refuses writes rather than being lowered).
 //!
+//! - on Dragonfly, which has no such setting, picket sends nothing and says
+//!   so in `/v1/status`.
+//!
 //! The partitions are iptables rules of the test's own
 //! (`tests/common` `partition`): they need root, which CI has; elsewhere
 //! those two tests say so and pass without checking.
 
 mod common;
+#[path = "support/dragonfly_stub.rs"]
+mod dragonfly_stub;
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -356,4 +361,35 @@ fn replicas_cut_off_from_the_master_but_seen_by_the_daemons_keep_the_fence() {
         Duration::from_secs(30),
         || set_ok(m, "z").is_ok(),
     );
+}
+
+#[test]
+fn a_dragonfly_group_is_reported_unfenced_and_left_alone() {
+    let world = dragonfly_stub::StubWorld::new();
+    let master = world.start_master(&next_loopback_ip());
+    let replica = world.start_replica(&next_loopback_ip(), master.addr());
+    let cluster = ClusterPlan::new(3).start(&fenced_group(master.addr()));
+    cluster.wait_converged(&[0, 1, 2], GROUP, 2, Duration::from_secs(20));
+    wait_for(
+        "every daemon to report the group unfenced",
+        Duration::from_secs(10),
+        || {
+            cluster.nodes.iter().all(|n| {
+                let f = &n.group(GROUP)["isolation_fence"];
+                f["in_force"].is_null()
+                    && f["reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("Dragonfly has no min-replicas-to-write"))
+            })
+        },
+    );
+    // A few more seconds of ticks and checks: still nothing sent.
+    std::thread::sleep(Duration::from_secs(3));
+    for stub in [&master, &replica] {
+        assert!(
+            !stub.received(&["CONFIG"]),
+            "picket sent CONFIG to a Dragonfly server: {:?}",
+            stub.commands()
+        );
+    }
 }
