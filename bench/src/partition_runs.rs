@@ -317,6 +317,9 @@ pub struct PartitionRow {
     pub last_ack_s: Option<Stat>,
     /// Heal to settled, in seconds.
     pub settled_s: Option<Stat>,
+    /// The other client's longest gap between two acknowledged writes (the
+    /// failover's unavailability), in seconds.
+    pub other_gap_s: Option<Stat>,
 }
 
 /// One row per configuration and length, in table order.
@@ -342,6 +345,7 @@ pub fn rows(runs: &[PartitionRun], lengths: &[Duration]) -> Vec<PartitionRow> {
                 lost: f(&|r| Some(r.acked_lost as f64)),
                 last_ack_s: f(&|r| r.old_master_last_ack_ms.map(|v| v / 1000.0)),
                 settled_s: f(&|r| r.settled_ms.map(|v| v / 1000.0)),
+                other_gap_s: f(&|r| r.writers.get(1).map(|w| w.max_gap_ms as f64 / 1000.0)),
             });
         }
     }
@@ -370,13 +374,13 @@ pub fn table(rows: &[PartitionRow], interval: Duration) -> String {
     );
     let _ = writeln!(
         t,
-        "| configuration | partition | runs (failed over) | acknowledged writes lost | old master's last ack after the cut (s) | heal to settled (s) |"
+        "| configuration | partition | runs (failed over) | acknowledged writes lost | old master's last ack after the cut (s) | heal to settled (s) | other client's longest write gap (s) |"
     );
-    let _ = writeln!(t, "|---|---|---|---|---|---|");
+    let _ = writeln!(t, "|---|---|---|---|---|---|---|");
     for r in rows {
         let _ = writeln!(
             t,
-            "| {} | {} s | {} ({}) | {} | {} | {} |",
+            "| {} | {} s | {} ({}) | {} | {} | {} | {} |",
             r.config.name(),
             r.partition_ms / 1000,
             r.runs,
@@ -384,6 +388,7 @@ pub fn table(rows: &[PartitionRow], interval: Duration) -> String {
             cell(&r.lost, 0),
             cell(&r.last_ack_s, 1),
             cell(&r.settled_s, 1),
+            cell(&r.other_gap_s, 1),
         );
     }
     t
