@@ -34,6 +34,14 @@ const LAG: u64 = 1;
 /// count of good replicas; measured 1.1–1.9 s with a lag of 1 s.
 const FENCE_BOUND: Duration = Duration::from_millis(LAG * 1000 + 2500);
 
+/// One test at a time: each runs three daemons and three servers, and the
+/// bounds are about timing.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn fenced_group(master: SocketAddr) -> String {
     group_toml(
         GROUP,
@@ -89,6 +97,7 @@ fn root_or_skip(what: &str) -> bool {
 
 #[test]
 fn a_fenced_group_stays_writable_when_both_replicas_die() {
+    let _serial = serial();
     let mut topo = Topology::master_with_replicas(2);
     let m = topo.master.addr();
     let cluster = ClusterPlan::new(3).start(&fenced_group(m));
@@ -195,6 +204,7 @@ fn a_fenced_group_stays_writable_when_both_replicas_die() {
 
 #[test]
 fn an_isolated_master_stops_acknowledging_writes_within_the_lag() {
+    let _serial = serial();
     if !root_or_skip("an_isolated_master_stops_acknowledging_writes_within_the_lag") {
         return;
     }
@@ -283,6 +293,7 @@ fn an_isolated_master_stops_acknowledging_writes_within_the_lag() {
 
 #[test]
 fn replicas_cut_off_from_the_master_but_seen_by_the_daemons_keep_the_fence() {
+    let _serial = serial();
     if !root_or_skip("replicas_cut_off_from_the_master_but_seen_by_the_daemons_keep_the_fence") {
         return;
     }
@@ -365,6 +376,7 @@ fn replicas_cut_off_from_the_master_but_seen_by_the_daemons_keep_the_fence() {
 
 #[test]
 fn a_dragonfly_group_is_reported_unfenced_and_left_alone() {
+    let _serial = serial();
     let world = dragonfly_stub::StubWorld::new();
     let master = world.start_master(&next_loopback_ip());
     let replica = world.start_replica(&next_loopback_ip(), master.addr());
