@@ -110,6 +110,12 @@ pub struct GroupConfig {
     /// Dragonfly: the admin port used for administrative commands, if any.
     #[serde(default)]
     pub admin_port: Option<u16>,
+    /// Isolation fencing (`[group.isolation_fencing]`): picket manages
+    /// `min-replicas-to-write` / `min-replicas-max-lag` on the master, so
+    /// that a master cut off from its replicas stops acknowledging writes.
+    /// Absent: picket never touches those settings.
+    #[serde(default)]
+    pub isolation_fencing: Option<IsolationFencingConfig>,
     /// Service-discovery backends (`[[group.discovery]]`).
     #[serde(default)]
     pub discovery: Vec<DiscoveryConfig>,
@@ -131,6 +137,28 @@ pub struct TlsConfig {
     /// Name to verify in the server certificate (defaults to the host).
     #[serde(default)]
     pub server_name: Option<String>,
+}
+
+/// `[group.isolation_fencing]`: the fence picket keeps on the master
+/// (Redis' and Valkey's `min-replicas-to-write` / `min-replicas-max-lag`).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct IsolationFencingConfig {
+    /// `min-replicas-to-write`: replicas that must have acknowledged within
+    /// `max_lag` for the master to accept a write.
+    #[serde(default = "default_min_replicas")]
+    pub min_replicas: u32,
+    /// `min-replicas-max-lag`: how old a replica's last acknowledgement may
+    /// be for it to count (Redis counts whole seconds).
+    #[serde(with = "humantime_serde", default = "default_max_lag")]
+    pub max_lag: Duration,
+}
+
+impl IsolationFencingConfig {
+    /// `max_lag` in the whole seconds Redis takes.
+    pub fn max_lag_secs(&self) -> u64 {
+        self.max_lag.as_secs()
+    }
 }
 
 /// One `[[group.discovery]]` entry.
@@ -284,6 +312,12 @@ fn default_failover_timeout() -> Duration {
 }
 fn default_parallel_syncs() -> u32 {
     1
+}
+fn default_min_replicas() -> u32 {
+    1
+}
+fn default_max_lag() -> Duration {
+    Duration::from_secs(1)
 }
 fn default_role_label() -> String {
     "role".to_string()
@@ -886,7 +920,7 @@ impl Config {
                 .collect();
             lines.push(format!(
                 "group {}: master {}, quorum {} of {}, down_after {}, failover_timeout {}, \
-                 flush_on_failover {}, discovery: {}",
+                 flush_on_failover {}{}, discovery: {}",
                 g.name,
                 g.master,
                 g.quorum,
@@ -894,6 +928,14 @@ impl Config {
                 humantime::format_duration(g.down_after),
                 humantime::format_duration(g.failover_timeout),
                 if g.flush_on_failover { "yes" } else { "no" },
+                match &g.isolation_fencing {
+                    Some(f) => format!(
+                        ", isolation fencing: min_replicas {} max_lag {}",
+                        f.min_replicas,
+                        humantime::format_duration(f.max_lag)
+                    ),
+                    None => String::new(),
+                },
                 if kinds.is_empty() {
                     "none".to_string()
                 } else {
@@ -1045,8 +1087,33 @@ impl GroupConfig {
         if self.admin_port == Some(0) {
             v.add(format!("{key}.admin_port"), "must not be 0");
         }
+        if let Some(f) = &self.isolation_fencing {
+            f.validate(&format!("{key}.isolation_fencing"), v);
+        }
         for (j, d) in self.discovery.iter().enumerate() {
             d.validate(&format!("{key}.discovery[{j}]"), v);
+        }
+    }
+}
+
+impl IsolationFencingConfig {
+    fn validate(&self, key: &str, v: &mut Problems) {
+        if self.min_replicas == 0 {
+            v.add(
+                format!("{key}.min_replicas"),
+                "must be at least 1 (omit [group.isolation_fencing] to leave the master unfenced)",
+            );
+        }
+        if self.max_lag.is_zero() || self.max_lag.subsec_nanos() != 0 {
+            v.add(
+                format!("{key}.max_lag"),
+                format!(
+                    "must be a whole number of seconds, at least 1s (Redis counts min-replicas-max-lag in seconds), not {}",
+                    humantime::format_duration(self.max_lag)
+                ),
+            );
+        } else if self.max_lag > Duration::from_secs(3600) {
+            v.add(format!("{key}.max_lag"), "must be at most 1h");
         }
     }
 }

@@ -77,6 +77,12 @@ pub enum EventKind {
     /// `+script-kill` (picket's): `SCRIPT KILL` sent to an instance that
     /// is SDOWN and answers `-BUSY`.
     ScriptKill,
+    /// `+isolation-fence` (picket's): the fence on the master was set or
+    /// raised.
+    IsolationFence,
+    /// `-isolation-fence` (picket's): the fence on the master was lowered,
+    /// or cleared on a server that is now a replica.
+    IsolationFenceLowered,
     /// `+tilt`: stall protection entered.
     Tilt,
     /// `-tilt`.
@@ -118,6 +124,8 @@ impl EventKind {
             EventKind::Slave => "+slave",
             EventKind::ResetMaster => "+reset-master",
             EventKind::ScriptKill => "+script-kill",
+            EventKind::IsolationFence => "+isolation-fence",
+            EventKind::IsolationFenceLowered => "-isolation-fence",
             EventKind::Tilt => "+tilt",
             EventKind::TiltExit => "-tilt",
         }

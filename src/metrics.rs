@@ -38,6 +38,18 @@ pub const VOTES_GRANTED: &str = "picket_votes_granted_total";
 pub const PEER_UP: &str = "picket_peer_up";
 /// Counter `{group}`: returning old masters demoted.
 pub const DEMOTIONS: &str = "picket_demotions_total";
+/// Gauge `{group}`: the `min-replicas-to-write` this daemon keeps on the
+/// master (isolation fencing): the configured value, or less while lowered.
+pub const FENCE_MIN_REPLICAS: &str = "picket_isolation_fence_min_replicas";
+/// Gauge `{group}`: 1 while the isolation fence is lowered below the
+/// configured `min_replicas` (too few replicas up for the daemons).
+pub const FENCE_LOWERED: &str = "picket_isolation_fence_lowered";
+/// Counter `{group,change}`: changes this daemon made to the isolation
+/// fence of a server (`raised`, `lowered` on the master; `cleared` on a
+/// replica).
+pub const FENCE_CHANGES: &str = "picket_isolation_fence_changes_total";
+/// Counter `{group}`: failed attempts to read or set the isolation fence.
+pub const FENCE_ERRORS: &str = "picket_isolation_fence_errors_total";
 /// Gauge: 1 while stall protection (TILT) is active.
 pub const TILT: &str = "picket_tilt";
 /// Counter: stalls of the daemon's own timer detected.
@@ -97,6 +109,22 @@ pub fn describe() {
     describe_counter!(VOTES_GRANTED, "Votes this daemon granted to a candidate");
     describe_gauge!(PEER_UP, "1 when the peer daemon answered recently");
     describe_counter!(DEMOTIONS, "Returning old masters demoted");
+    describe_gauge!(
+        FENCE_MIN_REPLICAS,
+        "The min-replicas-to-write this daemon keeps on the master (isolation fencing)"
+    );
+    describe_gauge!(
+        FENCE_LOWERED,
+        "1 while the isolation fence is lowered below min_replicas (too few replicas up)"
+    );
+    describe_counter!(
+        FENCE_CHANGES,
+        "Changes this daemon made to the isolation fence of a server, by change"
+    );
+    describe_counter!(
+        FENCE_ERRORS,
+        "Failed attempts to read or set the isolation fence"
+    );
     describe_gauge!(TILT, "1 while stall protection (TILT) is active");
     describe_counter!(TILTS, "Stalls of the daemon's own timer detected");
     describe_gauge!(

@@ -74,6 +74,26 @@ pub fn render(v: &Value) -> String {
                 s(&l.get("outcome").cloned().unwrap_or_default())
             );
         }
+        if let Some(f) = g["isolation_fence"].as_object() {
+            let get = |k: &str| s(&f.get(k).cloned().unwrap_or_default());
+            let _ = writeln!(
+                out,
+                "  isolation fence: min-replicas-to-write {} (configured {}, max-lag {}s){}, in force {}{}",
+                get("target"),
+                get("min_replicas"),
+                get("max_lag_secs"),
+                if f.get("lowered").and_then(Value::as_bool) == Some(true) {
+                    " LOWERED"
+                } else {
+                    ""
+                },
+                get("in_force"),
+                f.get("reason")
+                    .and_then(Value::as_str)
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
+            );
+        }
         let _ = writeln!(
             out,
             "  {:<22} {:<8} {:<8} {:<10} {:>12} {:>9} {:>9}  NOTE",
@@ -186,5 +206,23 @@ mod tests {
         assert!(t.contains("connection refused"), "{t}");
         assert!(t.contains("127.0.0.1:26380"), "{t}");
         assert!(t.contains("12s"), "{t}");
+        assert!(!t.contains("isolation fence"), "{t}");
+    }
+
+    #[test]
+    fn renders_the_isolation_fence() {
+        let v: Value = serde_json::json!({
+            "id": "abc", "groups": [{
+                "name": "cache", "isolation_fence": {
+                    "min_replicas": 1, "max_lag_secs": 1, "target": 0, "lowered": true,
+                    "in_force": 0, "reason": "lowered: at least 2 daemons see the master up and at most 0 replicas up"
+                }
+            }]
+        });
+        let t = render(&v);
+        assert!(
+            t.contains("isolation fence: min-replicas-to-write 0 (configured 1, max-lag 1s) LOWERED, in force 0 (lowered: at least 2"),
+            "{t}"
+        );
     }
 }

@@ -317,6 +317,8 @@ fn a_subscriber_that_does_not_read_is_disconnected() {
     );
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop2 = stop.clone();
+    let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let read2 = read.clone();
     let reader = std::thread::spawn(move || {
         let mut n = 0u64;
         while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
@@ -324,6 +326,7 @@ fn a_subscriber_that_does_not_read_is_disconnected() {
                 Ok(m) => {
                     assert!(m.starts_with(b">3\r\n$7\r\nmessage\r\n"), "{m:?}");
                     n += 1;
+                    read2.store(n, std::sync::atomic::Ordering::SeqCst);
                 }
                 Err(e) => {
                     panic!("the reading subscriber lost its connection after {n} messages: {e}")
@@ -350,6 +353,19 @@ fn a_subscriber_that_does_not_read_is_disconnected() {
                 assert_eq!(spam.read().unwrap(), b":1\r\n");
             }
             sent += 500;
+            // Paced by the reading subscriber (a test thread that a loaded
+            // machine may starve): it must keep up with a steady flow, not
+            // with an unbounded burst. The stalled one never reads, so its
+            // queue fills all the same.
+            let caught_up = Instant::now() + Duration::from_secs(10);
+            while read.load(std::sync::atomic::Ordering::SeqCst) + 1500 < sent {
+                assert!(
+                    Instant::now() < caught_up,
+                    "the reading subscriber fell behind: {} of {sent}",
+                    read.load(std::sync::atomic::Ordering::SeqCst)
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
     }
     // Its connection is closed (after what the kernel had buffered).

@@ -7,7 +7,9 @@
 //!   master, of a replica, of a daemon; partitions between daemons (their
 //!   links go through [`FaultProxy`]s) and between daemons and a data
 //!   server ([`NetCut`]: the daemons' packets to it are dropped while
-//!   clients still reach it); SIGSTOP/SIGCONT of a daemon; a slow
+//!   clients still reach it); a Jepsen-style partition of the master with a
+//!   client of its own from the daemons and the replicas
+//!   ([`partition::Partition`]); SIGSTOP/SIGCONT of a daemon; a slow
 //!   or failing Kubernetes API (the fake of `tests/support`) during a master
 //!   kill; planned switchovers (`PICKET FAILOVER`) in calm moments.
 //! - Invariants (see `docs/reliability.md, "Chaos test"`): one master per epoch
@@ -15,15 +17,19 @@
 //!   master is not a replica for long; with `flush_on_failover`, nothing
 //!   written before an unplanned failover is readable through the master it
 //!   advertised; a planned switchover loses no acknowledged write; no daemon
-//!   crashes or stops answering `/healthz`.
+//!   crashes or stops answering `/healthz`; with isolation fencing, an
+//!   isolated master acknowledges no write once the fence took effect. The
+//!   acknowledged writes each partition lost are reported, not judged
+//!   (asynchronous replication loses some by design).
 //!
 //! `PICKET_CHAOS_SEED` (default [`DEFAULT_SEED`]) and
 //! `PICKET_CHAOS_DURATION` (seconds, default [`DEFAULT_DURATION_SECS`])
 //! choose the run. A long one:
 //! `PICKET_CHAOS_DURATION=1800 cargo test --release --test chaos -- --nocapture --test-threads=1 chaos_`.
 //!
-//! The two tests of this file run one at a time (they share the machine's
-//! cores with the daemons they start).
+//! Three modes: plain, `flush_on_failover`, and isolation fencing
+//! (`[group.isolation_fencing]`). The tests of this file run one at a time
+//! (they share the machine's cores with the daemons they start).
 
 mod common;
 #[path = "support/fake_kube.rs"]
@@ -31,12 +37,13 @@ mod fake_kube;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use common::partition::Partition;
 use common::*;
 use fake_kube::{FakeKind, FakeKube};
 use rand::rngs::StdRng;
@@ -68,6 +75,53 @@ const SWITCHOVER_BOUND: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(75);
 /// Timeout of the probes the checker and the writers make.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
+/// `max_lag` of the fenced mode, in seconds.
+const FENCE_LAG: u64 = 1;
+/// Invariant 7: a fenced master cut off from its replicas has stopped
+/// acknowledging writes this long after the cut (`max_lag`, plus Redis'
+/// whole-second lag and its once-a-second count of good replicas).
+const FENCE_BOUND: Duration = Duration::from_millis(FENCE_LAG * 1000 + 2500);
+
+/// Which settings the group runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    /// `flush_on_failover = true`.
+    Flush,
+    /// `[group.isolation_fencing]` with `max_lag` [`FENCE_LAG`].
+    Fenced,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Plain => "plain",
+            Mode::Flush => "flush",
+            Mode::Fenced => "fenced",
+        }
+    }
+
+    /// Mixed into the seed, so that the modes of one seed run different
+    /// schedules (plain and flush as before this mode existed).
+    fn seed_mix(self) -> u64 {
+        match self {
+            Mode::Plain => 0,
+            Mode::Flush => 1,
+            Mode::Fenced => 2,
+        }
+    }
+
+    /// The group's keys for this mode.
+    fn group_keys(self) -> String {
+        match self {
+            Mode::Plain => String::new(),
+            Mode::Flush => "flush_on_failover = true\n".into(),
+            Mode::Fenced => format!(
+                "\n[group.isolation_fencing]\nmin_replicas = 1\nmax_lag = \"{FENCE_LAG}s\"\n"
+            ),
+        }
+    }
+}
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -722,9 +776,10 @@ enum Fault {
     KubeFailingDuringMasterKill,
     Switchover,
     CutFromServer,
+    IsolateMaster,
 }
 
-fn pick_fault(rng: &mut StdRng, kube: bool, netcut: bool) -> Fault {
+fn pick_fault(rng: &mut StdRng, kube: bool, netcut: bool, partition: bool) -> Fault {
     let table: &[(Fault, u32)] = &[
         (Fault::KillMaster, 3),
         (Fault::KillReplica, 2),
@@ -735,6 +790,7 @@ fn pick_fault(rng: &mut StdRng, kube: bool, netcut: bool) -> Fault {
         (Fault::KubeFailingDuringMasterKill, if kube { 1 } else { 0 }),
         (Fault::Switchover, 2),
         (Fault::CutFromServer, if netcut { 3 } else { 0 }),
+        (Fault::IsolateMaster, if partition { 2 } else { 0 }),
     ];
     let total: u32 = table.iter().map(|(_, w)| w).sum();
     let mut x = rng.random_range(0..total);
@@ -764,6 +820,14 @@ struct Chaos {
     switchover_checked_writes: u64,
     /// Daemon ↔ data server partitions (None: not available here).
     netcut: Option<Arc<NetCut>>,
+    /// Partitions of the master with a client (None: not available here).
+    partition: Option<Partition>,
+    /// The address the client on the master's side writes from.
+    side_ip: IpAddr,
+    mode: Mode,
+    /// Per partition of the master: how long, writes the isolated master
+    /// acknowledged after the cut, and how many of them were lost.
+    partitions: Vec<(Duration, usize, usize)>,
 }
 
 impl Chaos {
@@ -841,6 +905,24 @@ impl Chaos {
         for r in self.redis.iter().filter(|r| r.addr() != m) {
             if !replica_linked_to(r, m) {
                 return Err(format!("{} is not a linked replica of {m}", r.addr()));
+            }
+        }
+        // Fenced: the master carries the fence, the replicas do not.
+        if self.mode == Mode::Fenced {
+            let fence = min_replicas_to_write(m);
+            if fence != Some(1) {
+                return Err(format!(
+                    "master {m} has min-replicas-to-write {fence:?}, not 1"
+                ));
+            }
+            for r in self.redis.iter().filter(|r| r.addr() != m) {
+                let fence = min_replicas_to_write(r.addr());
+                if fence != Some(0) {
+                    return Err(format!(
+                        "replica {} has min-replicas-to-write {fence:?}, not 0",
+                        r.addr()
+                    ));
+                }
             }
         }
         Ok(m)
@@ -961,6 +1043,99 @@ impl Chaos {
             }
             Fault::Switchover => self.switchover(master),
             Fault::CutFromServer => self.cut_from_server(master),
+            Fault::IsolateMaster => self.isolate_master(master),
+        }
+    }
+
+    /// A Jepsen-style partition: the master and a client of its own (which
+    /// keeps its connection) on one side, the daemons, the replicas and the
+    /// other writers on the other, for 3–10 s. Once healed and settled, the
+    /// writes the isolated master acknowledged after the cut and the final
+    /// master lacks are reported (not an invariant: they are the writes
+    /// asynchronous replication loses). With isolation fencing, invariant 7:
+    /// no write acknowledged once the fence took effect (after its first
+    /// refusal, or later than [`FENCE_BOUND`] after the cut) while it was
+    /// cut off, or after the heal if it was failed over meanwhile.
+    fn isolate_master(&mut self, master: SocketAddr) {
+        let len = ms(&mut self.rng, 3000, 10_000);
+        let n = self.partitions.len() + 1;
+        let client = SideClient::start(master, self.side_ip, &format!("p{n}"));
+        let writing = Instant::now() + Duration::from_secs(5);
+        while client.acked().len() < 5 && Instant::now() < writing {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if client.acked().len() < 5 {
+            self.shared.event(format!(
+                "note: the side client could not write to {master}; no partition"
+            ));
+            return;
+        }
+        let daemons: Vec<SocketAddr> = lock(&self.nodes).iter().map(|n| n.resp).collect();
+        let part = self.partition.as_ref().expect("partitions need iptables");
+        self.shared.event(format!(
+            "fault: partition of master {master} with a client ({}) from the daemons and replicas for {len:?}",
+            self.side_ip
+        ));
+        part.isolate(master, &[self.side_ip], &daemons)
+            .unwrap_or_else(|e| panic!("isolating {master}: {e}"));
+        let cut = Instant::now();
+        std::thread::sleep(len);
+        part.heal()
+            .unwrap_or_else(|e| panic!("healing the partition: {e}"));
+        let healed = Instant::now();
+        self.shared
+            .event(format!("recover: master {master} reachable again"));
+        // The client writes on until the old master is demoted (its
+        // acknowledgements meanwhile are lost as well).
+        let settled = self.settle();
+        let acked = client.acked_after(cut);
+        let refusal = client.first_refusal_after(cut);
+        drop(client);
+        let Some(final_master) = settled else {
+            return;
+        };
+        let failed_over = final_master != master;
+        let mut lost = 0;
+        if let Ok(mut c) = RespConn::connect(final_master, CMD_TIMEOUT) {
+            for (seq, _) in &acked {
+                if c.cmd(&["EXISTS", &format!("p{n}:{seq}")])
+                    .ok()
+                    .and_then(|r| r.as_int())
+                    == Some(0)
+                {
+                    lost += 1;
+                }
+            }
+        }
+        let last = acked.last().map(|(_, t)| t.duration_since(cut));
+        self.shared.event(format!(
+            "partition {n} ({len:?}, {}): the isolated master acknowledged {} writes after the cut, \
+             the last {last:?} after it (first refusal {refusal:?}); acknowledged writes lost: {lost}",
+            if failed_over { "failed over" } else { "not failed over" },
+            acked.len()
+        ));
+        self.partitions.push((len, acked.len(), lost));
+        if self.mode != Mode::Fenced {
+            return;
+        }
+        let fenced_at = refusal
+            .as_ref()
+            .map_or(FENCE_BOUND, |(_, d)| (*d).min(FENCE_BOUND));
+        let late: Vec<(u64, Duration)> = acked
+            .iter()
+            .filter(|(_, t)| t.duration_since(cut) > fenced_at && (*t <= healed || failed_over))
+            .map(|(seq, t)| (*seq, t.duration_since(cut)))
+            .collect();
+        if !late.is_empty() {
+            self.shared.violation(
+                &format!("fenced master acked {n}"),
+                format!(
+                    "invariant 7: the isolated master {master} acknowledged {} writes after its fence \
+                     took effect ({fenced_at:?} after the cut; first refusal {refusal:?}): {:?}",
+                    late.len(),
+                    &late[..late.len().min(10)]
+                ),
+            );
         }
     }
 
@@ -1155,14 +1330,15 @@ impl Drop for Background {
     }
 }
 
-fn run_chaos(flush: bool) {
+fn run_chaos(mode: Mode) {
+    let flush = mode == Mode::Flush;
     let _serial = serial();
     let seed = env_u64("PICKET_CHAOS_SEED", DEFAULT_SEED);
     let duration = Duration::from_secs(env_u64("PICKET_CHAOS_DURATION", DEFAULT_DURATION_SECS));
-    let mode = if flush { "flush" } else { "plain" };
     eprintln!(
-        "chaos: seed={seed} duration={duration:?} mode={mode} \
-         (replay with PICKET_CHAOS_SEED={seed})"
+        "chaos: seed={seed} duration={duration:?} mode={} \
+         (replay with PICKET_CHAOS_SEED={seed})",
+        mode.name()
     );
 
     // The fake Kubernetes API lives on its own runtime for the whole run.
@@ -1207,10 +1383,17 @@ fn run_chaos(flush: bool) {
     let files: Vec<PathBuf> = (0..3)
         .map(|i| shared_dir.path().join(format!("picket-{i}.json")))
         .collect();
-    let flush_line = if flush {
-        "flush_on_failover = true\n"
-    } else {
-        ""
+    let mode_keys = mode.group_keys();
+    // Partitions of the master need iptables (root), like the cuts.
+    let partition = match Partition::new() {
+        Ok(p) => Some(p),
+        Err(e) if nix::unistd::geteuid().is_root() => {
+            panic!("partitions of the master are unavailable: {e}")
+        }
+        Err(e) => {
+            eprintln!("chaos: note: no partitions of the master in this run: {e}");
+            None
+        }
     };
     let nodes: Vec<PicketNode> = (0..3)
         .map(|i| {
@@ -1219,7 +1402,7 @@ fn run_chaos(flush: bool) {
                 first_master,
                 2,
                 &format!(
-                    "{flush_line}\n[[group.discovery]]\ntype = \"file\"\npath = \"{}\"\nrequired = false\n\n\
+                    "{mode_keys}\n[[group.discovery]]\ntype = \"file\"\npath = \"{}\"\nrequired = false\n\n\
                      [[group.discovery]]\ntype = \"kubernetes\"\nkubeconfig = \"{}\"\nnamespace = \"{NS}\"\n\
                      mode = \"endpointslice\"\nservice = \"{GROUP}\"\nport_name = \"redis\"\n\
                      required = false\ntimeout = \"1s\"\n",
@@ -1247,11 +1430,12 @@ fn run_chaos(flush: bool) {
 
     let shared = Shared::new(seed, flush);
     shared.event(format!(
-        "start: master {first_master}, replicas {:?}, mode {mode}",
+        "start: master {first_master}, replicas {:?}, mode {}",
         topo.replicas
             .iter()
             .map(RedisServer::addr)
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>(),
+        mode.name()
     ));
 
     let checker = Checker::new(
@@ -1284,10 +1468,16 @@ fn run_chaos(flush: bool) {
         proxies,
         files,
         fake: Some(fake.clone()),
-        rng: StdRng::seed_from_u64(seed ^ u64::from(flush)),
+        rng: StdRng::seed_from_u64(seed ^ mode.seed_mix()),
         switchovers: 0,
         switchover_checked_writes: 0,
         netcut: netcut.clone(),
+        partition,
+        side_ip: next_loopback_ip()
+            .parse()
+            .expect("a loopback address is an IP address"),
+        mode,
+        partitions: Vec::new(),
     };
     let run_until = Instant::now() + duration;
     while Instant::now() < run_until {
@@ -1300,7 +1490,12 @@ fn run_chaos(flush: bool) {
         if Instant::now() >= run_until {
             break;
         }
-        let fault = pick_fault(&mut chaos.rng, chaos.fake.is_some(), chaos.netcut.is_some());
+        let fault = pick_fault(
+            &mut chaos.rng,
+            chaos.fake.is_some(),
+            chaos.netcut.is_some(),
+            chaos.partition.is_some(),
+        );
         chaos.run_fault(fault, master);
     }
     chaos.settle();
@@ -1310,17 +1505,25 @@ fn run_chaos(flush: bool) {
     let violations = lock(&shared.violations).clone();
     let acked = lock(&shared.acked).len();
     eprintln!(
-        "chaos: seed={seed} faults={} checks={} violations={} mode={mode} epochs={} \
-         switchovers={} switchover_writes_checked={} acked_writes={acked} lagging_files={} flush_checks={} slice_epoch={:?}",
+        "chaos: seed={seed} faults={} checks={} violations={} mode={} epochs={} \
+         switchovers={} switchover_writes_checked={} acked_writes={acked} lagging_files={} flush_checks={} slice_epoch={:?} \
+         partitions={} partition_acked_lost={:?}",
         shared.faults.load(Ordering::SeqCst),
         shared.checks.load(Ordering::SeqCst),
         violations.len(),
+        mode.name(),
         shared.epochs_seen.load(Ordering::SeqCst),
         chaos.switchovers,
         chaos.switchover_checked_writes,
         shared.lagging_files.load(Ordering::SeqCst),
         shared.flush_checks.load(Ordering::SeqCst),
         *lock(&shared.slice_epoch),
+        chaos.partitions.len(),
+        chaos
+            .partitions
+            .iter()
+            .map(|(len, acked, lost)| format!("{:.1}s:{lost}/{acked}", len.as_secs_f64()))
+            .collect::<Vec<_>>(),
     );
     if !violations.is_empty() {
         let log = lock(&shared.events).join("\n");
@@ -1341,12 +1544,17 @@ fn run_chaos(flush: bool) {
 
 #[test]
 fn chaos_invariants_hold_under_a_seeded_fault_schedule() {
-    run_chaos(false);
+    run_chaos(Mode::Plain);
 }
 
 #[test]
 fn chaos_with_flush_on_failover_never_serves_pre_failover_data() {
-    run_chaos(true);
+    run_chaos(Mode::Flush);
+}
+
+#[test]
+fn chaos_with_isolation_fencing_bounds_what_an_isolated_master_acknowledges() {
+    run_chaos(Mode::Fenced);
 }
 
 /// The checker itself must be able to fail: feed it backends that break

@@ -49,6 +49,55 @@ struct Bad {
 /// Each bad config has exactly one problem; the rest of it is valid.
 const BAD: &[Bad] = &[
     Bad {
+        what: "isolation fencing with min_replicas 0",
+        toml: r#"
+[daemon]
+
+[[group]]
+name = "cache"
+master = "127.0.0.5:6379"
+quorum = 1
+
+[group.isolation_fencing]
+min_replicas = 0
+"#,
+        key: "group[0].isolation_fencing.min_replicas",
+        line: 9,
+        reason: "must be at least 1",
+    },
+    Bad {
+        what: "isolation fencing with a lag below one second",
+        toml: r#"
+[daemon]
+
+[[group]]
+name = "cache"
+master = "127.0.0.5:6379"
+quorum = 1
+isolation_fencing = { max_lag = "500ms" }
+"#,
+        key: "group[0].isolation_fencing.max_lag",
+        line: 7,
+        reason: "must be a whole number of seconds",
+    },
+    Bad {
+        what: "isolation fencing with an unknown key",
+        toml: r#"
+[daemon]
+
+[[group]]
+name = "cache"
+master = "127.0.0.5:6379"
+quorum = 1
+
+[group.isolation_fencing]
+min_replicas_to_write = 1
+"#,
+        key: "group[0].isolation_fencing.min_replicas_to_write",
+        line: 9,
+        reason: "unknown field",
+    },
+    Bad {
         what: "listen is not a socket address",
         toml: r#"
 [daemon]
@@ -1270,8 +1319,8 @@ fn example_config_problems_are_only_its_missing_files() {
 #[test]
 fn example_config_has_every_key() {
     use picket::config::{
-        DaemonConfig, ExecConfig, FileConfig, GroupConfig, KubernetesConfig, TlsConfig,
-        WebhookConfig,
+        DaemonConfig, ExecConfig, FileConfig, GroupConfig, IsolationFencingConfig,
+        KubernetesConfig, TlsConfig, WebhookConfig,
     };
     let p = || Some(PathBuf::from("/x"));
     let s = || Some("x".to_string());
@@ -1305,6 +1354,10 @@ fn example_config_has_every_key() {
                 server_name: s(),
             }),
             admin_port: Some(1),
+            isolation_fencing: Some(IsolationFencingConfig {
+                min_replicas: 2,
+                max_lag: d,
+            }),
             discovery: vec![
                 DiscoveryConfig::Kubernetes(KubernetesConfig {
                     kubeconfig: p(),

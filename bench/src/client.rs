@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis_protocol::resp2::types::BytesFrame;
@@ -31,6 +32,9 @@ pub struct WriterConfig {
     pub timeout: Duration,
     /// Key prefix: keys are `PREFIX:SEQ`.
     pub prefix: String,
+    /// The local address every connection leaves from (default: the
+    /// system's choice), so that a partition can tell this client apart.
+    pub source: Option<IpAddr>,
 }
 
 /// One operation of the writer: a write, or a failed attempt to get a
@@ -110,15 +114,28 @@ pub fn error_kind(e: &RespError) -> &'static str {
     }
 }
 
+/// Connect to `addr`, from `source` when given.
+pub async fn connect(
+    addr: &str,
+    source: Option<IpAddr>,
+    opts: &ClientOptions,
+) -> Result<Connection, RespError> {
+    match source {
+        Some(ip) => Connection::connect_from(addr, ip, opts).await,
+        None => Connection::connect(addr, opts).await,
+    }
+}
+
 /// Ask the Sentinel-compatible servers, in order, for the master of
 /// `group`; the first usable answer wins.
 pub async fn resolve_master(
     sentinels: &[String],
     group: &str,
+    source: Option<IpAddr>,
     opts: &ClientOptions,
 ) -> Option<String> {
     for s in sentinels {
-        let Ok(mut c) = Connection::connect(s, opts).await else {
+        let Ok(mut c) = connect(s, source, opts).await else {
             continue;
         };
         if let Ok(BytesFrame::Array(v)) =
@@ -175,7 +192,7 @@ where
             _ = tick.tick() => {}
         }
         if conn.is_none() {
-            master = resolve_master(&cfg.sentinels, &cfg.group, &opts).await;
+            master = resolve_master(&cfg.sentinels, &cfg.group, cfg.source, &opts).await;
             let Some(m) = &master else {
                 report(&mut sum, None, "unresolved", &master);
                 continue;
@@ -183,7 +200,7 @@ where
             if sum.masters.last() != Some(m) {
                 sum.masters.push(m.clone());
             }
-            match Connection::connect(m, &opts).await {
+            match connect(m, cfg.source, &opts).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     report(&mut sum, None, error_kind(&e), &master);
@@ -267,6 +284,7 @@ mod tests {
             interval: Duration::from_millis(5),
             timeout: Duration::from_millis(100),
             prefix: "t".into(),
+            source: None,
         };
         let mut ops = Vec::new();
         let sum = run_writer(&cfg, tokio::time::sleep(Duration::from_millis(100)), |op| {

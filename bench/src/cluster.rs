@@ -119,8 +119,24 @@ fn sentinel_conf(
     )
 }
 
+/// What a scenario adds to the common topology.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// More `redis-server` arguments, for every server.
+    pub redis_args: Vec<String>,
+    /// Appended to picket's `[[group]]` table (keys, sub-tables).
+    pub picket_group: String,
+}
+
 /// The TOML of daemon `i` of cluster `c`.
-fn picket_conf(i: usize, c: &Cluster, dir: &Path, down_after: Duration, ft: Duration) -> String {
+fn picket_conf(
+    i: usize,
+    c: &Cluster,
+    dir: &Path,
+    down_after: Duration,
+    ft: Duration,
+    extra: &str,
+) -> String {
     let peers: Vec<String> = (0..c.api.len())
         .filter(|j| *j != i)
         .map(|j| format!("\"{}\"", c.api[j]))
@@ -129,7 +145,7 @@ fn picket_conf(i: usize, c: &Cluster, dir: &Path, down_after: Duration, ft: Dura
         "[daemon]\nid = \"picket-{i}\"\nlisten = \"{listen}\"\nhttp_listen = \"{http}\"\n\
          data_dir = \"{data}\"\npeers = [{peers}]\n\n\
          [[group]]\nname = \"{GROUP}\"\nmaster = \"{master}\"\nquorum = 2\n\
-         down_after = \"{da}ms\"\nfailover_timeout = \"{ft}ms\"\nparallel_syncs = 1\n",
+         down_after = \"{da}ms\"\nfailover_timeout = \"{ft}ms\"\nparallel_syncs = 1\n{extra}",
         listen = c.api[i],
         http = c.http[i],
         master = c.addrs[0],
@@ -147,6 +163,7 @@ pub async fn start_redis(
     env: &Env,
     dir: &Path,
     run: usize,
+    extra: &[String],
 ) -> anyhow::Result<(Vec<Proc>, Vec<String>)> {
     let r = run % 250 + 1;
     let ips: Vec<String> = (2..5).map(|d| format!("127.77.{r}.{d}")).collect();
@@ -156,7 +173,8 @@ pub async fn start_redis(
         let port = free_port(ip)?;
         let d = dir.join(format!("redis-{i}"));
         std::fs::create_dir_all(&d)?;
-        let args = redis_args(ip, port, &d, addrs.first().map(String::as_str));
+        let mut args = redis_args(ip, port, &d, addrs.first().map(String::as_str));
+        args.extend(extra.iter().cloned());
         procs.push(Proc::spawn(
             &format!("redis {ip}"),
             &env.redis,
@@ -195,12 +213,23 @@ impl Cluster {
         down_after: Duration,
         run: usize,
     ) -> anyhow::Result<Cluster> {
+        Self::start_with(env, side, down_after, run, &Extras::default()).await
+    }
+
+    /// [`Cluster::start`] with a scenario's additions.
+    pub async fn start_with(
+        env: &Env,
+        side: Side,
+        down_after: Duration,
+        run: usize,
+        extras: &Extras,
+    ) -> anyhow::Result<Cluster> {
         let dir = env.work.join(format!("run-{run}-{}", side.name()));
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
         std::fs::create_dir_all(&dir)?;
-        let (redis, addrs) = start_redis(env, &dir, run).await?;
+        let (redis, addrs) = start_redis(env, &dir, run, &extras.redis_args).await?;
         let mut c = Cluster {
             side,
             redis,
@@ -242,7 +271,14 @@ impl Cluster {
                     let conf = d.join("picket.toml");
                     std::fs::write(
                         &conf,
-                        picket_conf(i, &c, &d, down_after, env.failover_timeout),
+                        picket_conf(
+                            i,
+                            &c,
+                            &d,
+                            down_after,
+                            env.failover_timeout,
+                            &extras.picket_group,
+                        ),
                     )?;
                     c.managers.push(Proc::spawn(
                         &format!("picket {i}"),

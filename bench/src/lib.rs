@@ -1,5 +1,7 @@
 //! The parts of picket-bench shared by its two programs: the writing
 //! client that `picket-writer` runs on its own and `picket-bench` runs
-//! beside the servers it measures.
+//! beside the servers it measures, and the partitions of the partition
+//! scenario (also used by picket's own tests).
 
 pub mod client;
+pub mod partition;

@@ -11,13 +11,20 @@
 //! - `switchover`: `SENTINEL FAILOVER` against `PICKET FAILOVER` with the
 //!   master alive: acknowledged writes lost and the write gap.
 //! - `cost`: CPU and RSS of one manager monitoring 100 and 1,000 instances.
-//! - `all` (the default): the three in turn.
+//! - `partition`: the master and one client cut off from the managers, the
+//!   replicas and another client for 5 s and 20 s (Jepsen-style), under
+//!   redis-sentinel (defaults, and with `min-replicas-to-write 1`) and picket
+//!   (without and with isolation fencing): acknowledged writes lost. Needs
+//!   root (iptables).
+//! - `all` (the default): the four in turn (`partition` only as root, and
+//!   not with `--quick`).
 //!
 //! `--quick` (for CI) runs one failover per side and fails only if a side
 //! did not fail over. See docs/benchmarks.md for the method.
 
 mod cluster;
 mod cost;
+mod partition_runs;
 mod plot;
 mod procs;
 mod report;
@@ -41,7 +48,7 @@ use crate::runs::{FailoverRun, RunOpts, SwitchoverRun};
 #[derive(Parser, Debug)]
 #[command(
     name = "picket-bench",
-    about = "picket vs redis-sentinel: failover, switchover, cost"
+    about = "picket vs redis-sentinel: failover, switchover, cost, partition"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -60,6 +67,8 @@ enum Cmd {
     Switchover,
     /// CPU and RSS per monitored instance.
     Cost,
+    /// A partition of the master and one client (needs root).
+    Partition,
     /// Draw the plot again (`--plot PATH`) from a `--json` file.
     Replot {
         /// The JSON written by an earlier run.
@@ -142,6 +151,12 @@ struct Opts {
     /// processes.
     #[arg(long, global = true)]
     cost_real_redis: bool,
+    /// Partition runs per configuration and length.
+    #[arg(long, global = true, default_value_t = 3)]
+    partition_runs: usize,
+    /// Partition lengths.
+    #[arg(long, global = true, value_parser = durations, default_value = "5s,20s")]
+    partition: std::vec::Vec<Duration>,
     /// Write every result as JSON here.
     #[arg(long, global = true)]
     json: Option<PathBuf>,
@@ -179,6 +194,8 @@ struct Results {
     failover: Vec<FailoverSet>,
     switchover: Option<(Vec<Compared>, Vec<SwitchoverRun>)>,
     cost: Vec<CostRow>,
+    partition: Vec<partition_runs::PartitionRow>,
+    partition_runs: Vec<partition_runs::PartitionRun>,
     targets: Vec<report::TargetCheck>,
     errors: Vec<String>,
 }
@@ -501,6 +518,62 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         let t = report::cost_table(&res.cost);
         print!("{t}");
+    }
+
+    let partition_wanted = match cmd {
+        Cmd::Partition => true,
+        Cmd::All if !o.quick => match partition_runs::check() {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("partition scenario skipped: {e:#}");
+                false
+            }
+        },
+        _ => false,
+    };
+    if partition_wanted {
+        partition_runs::check()?;
+        let po = partition_runs::PartitionOpts {
+            down_after: Duration::from_secs(1),
+            warmup: Duration::from_secs(2),
+            settle_wait: Duration::from_secs(60),
+            interval: o.interval,
+            timeout: o.timeout,
+        };
+        for &len in &o.partition {
+            for i in 0..o.partition_runs {
+                for config in partition_runs::Config::ALL {
+                    let run = next_run();
+                    eprint!(
+                        "partition {len:?} {} run {}/{} ... ",
+                        config.name(),
+                        i + 1,
+                        o.partition_runs
+                    );
+                    match partition_runs::partition_run(&env, config, len, &po, run).await {
+                        Ok(r) => {
+                            eprintln!(
+                                "lost {} (isolated client {}, other {}), old master acked {} after the cut, the last {:?} ms after it, settled {:?} ms after the heal",
+                                r.acked_lost,
+                                r.lost_isolated_client,
+                                r.lost_other_client,
+                                r.old_master_acked_after_cut,
+                                r.old_master_last_ack_ms.map(|v| v.round()),
+                                r.settled_ms.map(|v| v.round()),
+                            );
+                            res.partition_runs.push(r);
+                        }
+                        Err(e) => {
+                            eprintln!("error: {e:#}");
+                            res.errors
+                                .push(format!("partition {} run {run}: {e:#}", config.name()));
+                        }
+                    }
+                }
+            }
+        }
+        res.partition = partition_runs::rows(&res.partition_runs, &o.partition);
+        print!("{}", partition_runs::table(&res.partition, o.interval));
     }
 
     let fo: Vec<(u64, &[FailoverRun])> = res

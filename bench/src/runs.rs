@@ -149,15 +149,25 @@ pub struct SwitchoverRun {
     pub acked_by_old_after_switch: u64,
 }
 
-type WriterTask = JoinHandle<(WriterSummary, Vec<WriteOp>)>;
+/// A running writer: its summary and every operation, once stopped.
+pub type WriterTask = JoinHandle<(WriterSummary, Vec<WriteOp>)>;
 
-fn start_writer(api: &[String], prefix: &str, o: &RunOpts, stop: &CancellationToken) -> WriterTask {
+/// Start a writing client through the managers at `api`, writing
+/// `PREFIX:SEQ` every `interval` (from `source` when given) until `stop`.
+pub fn start_writer(
+    api: &[String],
+    prefix: &str,
+    source: Option<std::net::IpAddr>,
+    (interval, timeout): (Duration, Duration),
+    stop: &CancellationToken,
+) -> WriterTask {
     let cfg = WriterConfig {
         sentinels: api.to_vec(),
         group: GROUP.to_string(),
-        interval: o.interval,
-        timeout: o.timeout,
+        interval,
+        timeout,
         prefix: prefix.to_string(),
+        source,
     };
     let stop = stop.clone();
     tokio::spawn(async move {
@@ -167,7 +177,8 @@ fn start_writer(api: &[String], prefix: &str, o: &RunOpts, stop: &CancellationTo
     })
 }
 
-fn ms(d: Duration) -> f64 {
+/// Milliseconds, as the reports give them.
+pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
@@ -188,7 +199,8 @@ fn errors_after(ops: &[WriteOp], from: Instant) -> BTreeMap<&'static str, u64> {
     m
 }
 
-fn acked_seqs(ops: &[WriteOp]) -> Vec<u64> {
+/// The sequence numbers of the acknowledged writes.
+pub fn acked_seqs(ops: &[WriteOp]) -> Vec<u64> {
     ops.iter()
         .filter(|o| o.is_ok())
         .filter_map(|o| o.seq)
@@ -215,7 +227,7 @@ fn changes_and_events(seen: &Seen, from: Instant) -> (usize, usize) {
 
 /// Wait until the writer has had `n` acknowledged writes... as seen by the
 /// server: the key `PREFIX:n` exists on `master`.
-async fn wait_writing(master: &str, prefix: &str, n: u64) -> anyhow::Result<()> {
+pub async fn wait_writing(master: &str, prefix: &str, n: u64) -> anyhow::Result<()> {
     let key = format!("{prefix}:{n}");
     crate::procs::wait_until(
         "the writer to write",
@@ -247,7 +259,7 @@ pub async fn failover_run(
     let watch = Watch::start(&c.api, Duration::from_millis(10)).await;
     let stop = CancellationToken::new();
     let prefix = format!("bench:{run}");
-    let writer = start_writer(&c.api, &prefix, o, &stop);
+    let writer = start_writer(&c.api, &prefix, None, (o.interval, o.timeout), &stop);
     wait_writing(&old, &prefix, 20).await?;
     tokio::time::sleep(o.warmup).await;
 
@@ -372,7 +384,7 @@ pub async fn switchover_run(
     let old = c.addrs[0].clone();
     let stop = CancellationToken::new();
     let prefix = format!("bench:{run}");
-    let writer = start_writer(&c.api, &prefix, o, &stop);
+    let writer = start_writer(&c.api, &prefix, None, (o.interval, o.timeout), &stop);
     wait_writing(&old, &prefix, 20).await?;
     tokio::time::sleep(o.warmup).await;
 

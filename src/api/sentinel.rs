@@ -552,6 +552,7 @@ mod tests {
             failover_timeout_ms: 30000,
             parallel_syncs: 1,
             flush_on_failover: false,
+            isolation_fence: None,
             status: crate::group::view::GroupStatus::Ok,
             reason: None,
             master_sdown: false,

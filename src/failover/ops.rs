@@ -249,6 +249,66 @@ impl InstanceOps {
         Ok(())
     }
 
+    /// Read `min-replicas-to-write` and `min-replicas-max-lag` (seconds)
+    /// of `addr` (Redis, Valkey; Dragonfly has neither and gets an error).
+    async fn read_min_replicas(c: &mut Connection, addr: &Addr) -> Result<(u32, u64), RespError> {
+        let mut values = [0u64; 2];
+        for (i, name) in ["min-replicas-to-write", "min-replicas-max-lag"]
+            .iter()
+            .enumerate()
+        {
+            let reply = c.call(["CONFIG", "GET", name]).await?;
+            values[i] = match &reply {
+                redis_protocol::resp2::types::BytesFrame::Array(kv) => kv
+                    .get(1)
+                    .and_then(frame_int)
+                    .and_then(|v| u64::try_from(v).ok()),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                RespError::Unexpected(format!(
+                    "{addr}: CONFIG GET {name} replied {reply:?} (no such setting: not Redis or Valkey?)"
+                ))
+            })?;
+        }
+        let to_write = u32::try_from(values[0]).map_err(|_| {
+            RespError::Unexpected(format!("{addr}: min-replicas-to-write {}", values[0]))
+        })?;
+        Ok((to_write, values[1]))
+    }
+
+    /// Make `min-replicas-to-write` of `addr` `to_write` and, when
+    /// `max_lag` is given, `min-replicas-max-lag` that many seconds; only
+    /// what differs is set. Returns the values found before.
+    ///
+    /// The lag is set before the threshold, so that a raised threshold
+    /// never applies with another lag than the one configured.
+    pub async fn set_min_replicas(
+        &self,
+        addr: &Addr,
+        to_write: u32,
+        max_lag: Option<u64>,
+    ) -> Result<(u32, u64), RespError> {
+        let mut c = Connection::connect(&addr.to_string(), &self.client).await?;
+        let before = Self::read_min_replicas(&mut c, addr).await?;
+        if let Some(lag) = max_lag
+            && before.1 != lag
+        {
+            c.call(["CONFIG", "SET", "min-replicas-max-lag", &lag.to_string()])
+                .await?;
+        }
+        if before.0 != to_write {
+            c.call([
+                "CONFIG",
+                "SET",
+                "min-replicas-to-write",
+                &to_write.to_string(),
+            ])
+            .await?;
+        }
+        Ok(before)
+    }
+
     /// Planned switchover from `old_master` to `candidate`. Redis/Valkey:
     /// `FAILOVER TO host port TIMEOUT ms` on the master (it pauses writes,
     /// waits for the replica to catch up and demotes itself first).

@@ -83,6 +83,7 @@ impl Group {
         self.ctx.hello_now.notify_one();
         self.dirty = true;
         self.urgent = true;
+        self.isolation_on_adopt();
     }
 
     /// Persist the adopted config, then publish `topology` to every

@@ -72,7 +72,7 @@ impl Group {
         }
     }
 
-    fn flavour_of(&self, addr: &Addr) -> Flavour {
+    pub(super) fn flavour_of(&self, addr: &Addr) -> Flavour {
         self.instances
             .get(addr)
             .and_then(|i| i.info.as_ref())

@@ -39,6 +39,7 @@ mod adopt;
 mod effects;
 mod election;
 mod failover;
+mod isolation;
 mod observe;
 mod repair;
 pub mod view;
@@ -168,6 +169,8 @@ struct Group {
     dirty: bool,
     /// The master changed: publish the view before anything else runs.
     urgent: bool,
+    /// Isolation fencing (`[group.isolation_fencing]`), see `isolation.rs`.
+    isolation: isolation::Isolation,
 }
 
 /// Connection settings for the group's data servers.
@@ -272,6 +275,7 @@ pub fn spawn(
         reason: None,
         dirty: true,
         urgent: false,
+        isolation: isolation::Isolation::new(&cfg.name, cfg.isolation_fencing.clone()),
         cfg,
         ctx,
     };
@@ -445,6 +449,7 @@ impl Group {
             self.machine_input(now, crate::failover::machine::Input::Tick);
         }
         self.check_topology(now);
+        self.isolation_tick(now);
         // Gauges that change continuously are exported once a second, not
         // at every tick: with a thousand instances the tick is hot.
         if now.saturating_duration_since(self.last_export) >= Duration::from_secs(1) {
@@ -468,6 +473,7 @@ pub fn hello_groups(groups: &HashMap<String, GroupHandle>) -> Vec<HelloGroup> {
                 master: v.master.clone(),
                 config_epoch: v.config_epoch,
                 sdown: v.master_sdown,
+                replicas: Some(isolation::replica_sight(&v)),
             }
         })
         .collect();

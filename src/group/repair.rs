@@ -20,7 +20,7 @@ impl Group {
     /// Whether this daemon may reconfigure instances on its own: not in
     /// TILT, no election or failover, and its config confirmed by a
     /// majority (its own view is not stale).
-    fn may_reconfigure(&self, now: Instant) -> bool {
+    pub(super) fn may_reconfigure(&self, now: Instant) -> bool {
         if self.failover.is_some() || self.election.busy() || self.ctx.tilt.active(now) {
             return false;
         }

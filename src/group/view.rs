@@ -182,6 +182,47 @@ pub struct LastFailover {
     pub duration_ms: Option<u64>,
 }
 
+/// Isolation fencing of the group (`[group.isolation_fencing]`), as this
+/// daemon keeps it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct IsolationFenceView {
+    /// The configured `min-replicas-to-write`.
+    pub min_replicas: u32,
+    /// The configured `min-replicas-max-lag`, in seconds.
+    pub max_lag_secs: u64,
+    /// The `min-replicas-to-write` this daemon wants on the master now:
+    /// `min_replicas`, or less while it is lowered.
+    pub target: u32,
+    /// Below `min_replicas` because too few replicas are up.
+    pub lowered: bool,
+    /// The value this daemon last found or set on the master (`CONFIG GET`
+    /// / `CONFIG SET`); None before the first check or after a failure.
+    pub in_force: Option<u32>,
+    /// The master that value was confirmed on.
+    pub confirmed_on: Option<Addr>,
+    /// Milliseconds since that confirmation.
+    pub confirmed_ms: Option<u64>,
+    /// Daemons (this one included) whose fresh view shows the master up,
+    /// and how many replicas they see up: what the target is derived from.
+    pub sights: Vec<SightView>,
+    /// Why the target is what it is, or why the fence cannot be kept
+    /// (Dragonfly, an error).
+    pub reason: Option<String>,
+}
+
+/// One daemon's view of the master and its replicas.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SightView {
+    /// The daemon's id.
+    pub daemon: String,
+    /// It sees the master up.
+    pub master_up: bool,
+    /// Replicas it sees up (answering its probes).
+    pub replicas_up: u32,
+    /// Of those, the ones whose link to the master is up.
+    pub replicas_linked: u32,
+}
+
 /// The whole group.
 #[derive(Debug, Clone, Serialize)]
 pub struct GroupView {
@@ -203,6 +244,8 @@ pub struct GroupView {
     pub parallel_syncs: u32,
     /// `flush_on_failover`.
     pub flush_on_failover: bool,
+    /// Isolation fencing; None when the group has none.
+    pub isolation_fence: Option<IsolationFenceView>,
     /// `starting`, `ok`, `sdown`, `odown`, `failover`, `tilt`.
     pub status: GroupStatus,
     /// Why nothing happens when something might be expected (e.g. quorum).
@@ -251,6 +294,7 @@ impl GroupView {
             failover_timeout_ms: ms(cfg.failover_timeout),
             parallel_syncs: cfg.parallel_syncs,
             flush_on_failover: cfg.flush_on_failover,
+            isolation_fence: None,
             status: GroupStatus::Starting,
             reason: None,
             master_sdown: false,
@@ -395,6 +439,7 @@ impl Group {
             failover_timeout_ms: ms(self.cfg.failover_timeout),
             parallel_syncs: self.cfg.parallel_syncs,
             flush_on_failover: self.cfg.flush_on_failover,
+            isolation_fence: self.isolation_view(),
             status,
             reason: self.reason.clone(),
             master_sdown: self.master_sdown(),

@@ -50,6 +50,20 @@ pub struct HelloGroup {
     pub config_epoch: u64,
     /// Whether the sender sees that master down (SDOWN).
     pub sdown: bool,
+    /// The master's replicas as the sender sees them (isolation fencing
+    /// decides from every daemon's sight). Absent from daemons that
+    /// predate it: such a daemon's sight is unknown, never "none up".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<ReplicaSight>,
+}
+
+/// How many of a master's replicas one daemon sees.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaSight {
+    /// Replicas that answer its probes (not SDOWN), whatever their link.
+    pub up: u32,
+    /// Of those, the ones that report their link to that master up.
+    pub linked: u32,
 }
 
 /// A reply to `PICKET IS-DOWN`.
@@ -307,6 +321,29 @@ mod tests {
         let mut bad = q2.to_args()[2..].to_vec();
         bad[3] = "-1".into();
         assert!(IsDownQuery::from_args(&bad).is_err());
+    }
+
+    #[test]
+    fn a_hello_without_replica_sight_still_parses() {
+        // What a daemon from before isolation fencing sends.
+        let old = r#"{"id":"b","addr":"10.0.0.2:26379","current_epoch":3,
+            "groups":[{"name":"cache","master":"10.0.0.5:6379","config_epoch":2,"sdown":false}]}"#;
+        let h: Hello = serde_json::from_str(old).unwrap();
+        assert_eq!(h.groups[0].replicas, None);
+        // And what it receives from a newer one (unknown fields ignored).
+        let mut g = h.groups[0].clone();
+        g.replicas = Some(ReplicaSight { up: 2, linked: 1 });
+        let json = serde_json::to_string(&g).unwrap();
+        assert!(json.contains(r#""replicas":{"up":2,"linked":1}"#), "{json}");
+        let back: HelloGroup = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, g);
+        #[derive(Deserialize)]
+        struct OldGroup {
+            name: String,
+            sdown: bool,
+        }
+        let old_view: OldGroup = serde_json::from_str(&json).unwrap();
+        assert_eq!((old_view.name.as_str(), old_view.sdown), ("cache", false));
     }
 
     #[test]

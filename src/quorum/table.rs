@@ -230,6 +230,7 @@ mod tests {
             master: Addr::new("10.0.0.5", 6379),
             config_epoch: 1,
             sdown: false,
+            replicas: None,
         });
         t.record_hello(&h, now);
         assert!(rx.has_changed().unwrap());

@@ -1,6 +1,7 @@
 //! A RESP2 connection to one server: connect and per-command timeouts,
 //! `AUTH`, optional TLS, a frame-size cap and typed error replies.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -135,18 +136,59 @@ impl Connection {
     /// Connect to `addr` (`host:port`), negotiate TLS, AUTH and SETNAME, all
     /// within `opts.connect_timeout`.
     pub async fn connect(addr: &str, opts: &ClientOptions) -> Result<Connection, RespError> {
-        tokio::time::timeout(opts.connect_timeout, Self::connect_inner(addr, opts))
+        tokio::time::timeout(opts.connect_timeout, Self::connect_inner(addr, None, opts))
             .await
             .map_err(|_| RespError::Timeout(opts.connect_timeout))?
     }
 
-    async fn connect_inner(addr: &str, opts: &ClientOptions) -> Result<Connection, RespError> {
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|source| RespError::Connect {
-                addr: addr.to_string(),
-                source,
+    /// Like [`Connection::connect`], from the local address `source` (any
+    /// port): a client whose packets a test or benchmark must tell apart
+    /// from every other process's on the same host.
+    pub async fn connect_from(
+        addr: &str,
+        source: IpAddr,
+        opts: &ClientOptions,
+    ) -> Result<Connection, RespError> {
+        tokio::time::timeout(
+            opts.connect_timeout,
+            Self::connect_inner(addr, Some(source), opts),
+        )
+        .await
+        .map_err(|_| RespError::Timeout(opts.connect_timeout))?
+    }
+
+    async fn tcp_from(addr: &str, source: IpAddr) -> std::io::Result<TcpStream> {
+        let target = tokio::net::lookup_host(addr)
+            .await?
+            .find(|a| a.is_ipv4() == source.is_ipv4())
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::AddrNotAvailable,
+                    format!("{addr} has no address of the family of {source}"),
+                )
             })?;
+        let socket = if source.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.bind(SocketAddr::new(source, 0))?;
+        socket.connect(target).await
+    }
+
+    async fn connect_inner(
+        addr: &str,
+        source: Option<IpAddr>,
+        opts: &ClientOptions,
+    ) -> Result<Connection, RespError> {
+        let tcp = match source {
+            None => TcpStream::connect(addr).await,
+            Some(ip) => Self::tcp_from(addr, ip).await,
+        }
+        .map_err(|source| RespError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
         // Probes are tiny request/reply exchanges: never wait for Nagle.
         let _ = tcp.set_nodelay(true);
         let io: Box<dyn Io> = match &opts.tls {

@@ -19,6 +19,11 @@
 //! the same addresses at the same time.
 #![allow(dead_code)]
 
+/// Partitions by address with iptables rules of their own (shared with the
+/// benchmark): `partition::Partition`.
+#[path = "../../bench/src/partition.rs"]
+pub mod partition;
+
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -1522,20 +1527,7 @@ impl NetCut {
     }
 
     fn iptables(args: &[String]) -> Result<(), String> {
-        let out = Command::new("iptables")
-            .arg("-w")
-            .args(args)
-            .output()
-            .map_err(|e| format!("iptables: {e} (is iptables installed?)"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "iptables {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ))
-        }
+        partition::iptables(&args.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
     /// Drop every packet member `i` sends to `server`, from now until
@@ -1731,6 +1723,124 @@ fn accept_loop(listener: TcpListener, target: SocketAddr, s: std::sync::Arc<Prox
                 let _ = to.shutdown(std::net::Shutdown::Both);
                 s.lock().retain(|(i, _, _)| *i != id);
             });
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// A client on the isolated side of a partition
+
+/// `min-replicas-to-write` of a server (isolation fencing), None when it
+/// does not answer.
+pub fn min_replicas_to_write(server: SocketAddr) -> Option<i64> {
+    match redis_cmd(server, &["CONFIG", "GET", "min-replicas-to-write"]).ok()? {
+        Reply::Array(kv) => kv.get(1)?.as_str()?.parse().ok(),
+        _ => None,
+    }
+}
+
+/// What a [`SideClient`] saw.
+#[derive(Debug, Default)]
+struct SideLog {
+    acked: Vec<(u64, Instant)>,
+    refused: Vec<(String, Instant)>,
+}
+
+/// A client that writes `<prefix>:<seq>` to one server every 10 ms from
+/// the local address `source` (so that a [`partition::Partition`] can keep
+/// it on the server's side), on one connection kept as long as it works, as
+/// real clients do, reconnecting to the same server when it breaks. It
+/// records every acknowledged and every refused write. Stopped and joined
+/// when dropped.
+pub struct SideClient {
+    log: std::sync::Arc<std::sync::Mutex<SideLog>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SideClient {
+    /// Start writing to `server` from `source`.
+    pub fn start(server: SocketAddr, source: IpAddr, prefix: &str) -> SideClient {
+        use picket::resp::{ClientOptions, Connection, RespError};
+        let log = std::sync::Arc::new(std::sync::Mutex::new(SideLog::default()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (out, halt, prefix) = (log.clone(), stop.clone(), prefix.to_owned());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the side client");
+            rt.block_on(async move {
+                let opts = ClientOptions {
+                    connect_timeout: Duration::from_millis(300),
+                    command_timeout: Duration::from_millis(300),
+                    ..Default::default()
+                };
+                let mut conn: Option<Connection> = None;
+                let mut seq = 0u64;
+                while !halt.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    if conn.is_none() {
+                        conn = Connection::connect_from(&server.to_string(), source, &opts)
+                            .await
+                            .ok();
+                    }
+                    let Some(c) = conn.as_mut() else { continue };
+                    seq += 1;
+                    let key = format!("{prefix}:{seq}");
+                    let r = c.call(["SET", key.as_str(), "1"]).await;
+                    let mut l = out.lock().unwrap_or_else(|e| e.into_inner());
+                    match r {
+                        Ok(_) => l.acked.push((seq, Instant::now())),
+                        Err(RespError::Server(e)) => {
+                            l.refused.push((e.to_string(), Instant::now()))
+                        }
+                        Err(_) => conn = None,
+                    }
+                }
+            });
+        });
+        SideClient {
+            log,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SideLog> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every acknowledged write so far: sequence number and when.
+    pub fn acked(&self) -> Vec<(u64, Instant)> {
+        self.lock().acked.clone()
+    }
+
+    /// The acknowledged writes after `t`.
+    pub fn acked_after(&self, t: Instant) -> Vec<(u64, Instant)> {
+        self.lock()
+            .acked
+            .iter()
+            .filter(|(_, a)| *a > t)
+            .copied()
+            .collect()
+    }
+
+    /// The first refused write after `t`: the error and how long after `t`.
+    pub fn first_refusal_after(&self, t: Instant) -> Option<(String, Duration)> {
+        self.lock()
+            .refused
+            .iter()
+            .find(|(_, a)| *a > t)
+            .map(|(e, a)| (e.clone(), a.duration_since(t)))
+    }
+}
+
+impl Drop for SideClient {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }

@@ -49,6 +49,10 @@ struct Args {
     /// Print a line for each error.
     #[arg(long)]
     verbose: bool,
+    /// Local address every connection leaves from (e.g. to be singled out
+    /// by a partition's rules).
+    #[arg(long)]
+    source: Option<std::net::IpAddr>,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -60,6 +64,7 @@ async fn main() -> std::process::ExitCode {
         interval: args.interval,
         timeout: args.timeout,
         prefix: args.prefix.clone(),
+        source: args.source,
     };
     let duration = args.duration;
     let stop = async move {
