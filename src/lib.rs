@@ -231,6 +231,7 @@ pub fn start_group(
     cancel: &CancellationToken,
 ) -> Result<group::GroupHandle, String> {
     let built = discovery::build(g)?;
+    metrics::register_group(&g.name, built.backends.iter().map(|b| b.kind()));
     let runner = Arc::new(discovery::runner::DiscoveryRunner::new(
         g.name.clone(),
         built.backends,

@@ -285,7 +285,7 @@ pub fn spawn(
     };
     tracing::info!(group = %g.cfg.name, master = %g.master, config_epoch = g.config_epoch, "monitoring group");
     metrics::gauge!(m::CONFIG_EPOCH, "group" => g.cfg.name.clone()).set(g.config_epoch as f64);
-    metrics::gauge!(m::GROUP_MASTER, "group" => g.cfg.name.clone(), "instance" => g.master.to_string())
+    metrics::gauge!(m::GROUP_MASTER, "group" => g.cfg.name.clone(), "server" => g.master.to_string())
         .set(1.0);
     tokio::spawn(async move {
         let tick_every = tick_period(&g.cfg);
@@ -364,7 +364,7 @@ impl Group {
         let now = Instant::now();
         // Up until SDOWN says otherwise, as in the view; without this the
         // gauge would only appear at the first +sdown.
-        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "instance" => addr.to_string())
+        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "server" => addr.to_string())
             .set(1.0);
         self.instances.insert(
             addr.clone(),
@@ -446,9 +446,9 @@ impl Group {
                         new_replicas.push(Addr::new(r.ip.clone(), r.port));
                     }
                 }
-                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), "instance" => addr.to_string(), "role" => "master")
+                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), "server" => addr.to_string(), "role" => "master")
                     .set(if info.role == Role::Master { 1.0 } else { 0.0 });
-                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), "instance" => addr.to_string(), "role" => "replica")
+                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), "server" => addr.to_string(), "role" => "replica")
                     .set(if info.role == Role::Replica { 1.0 } else { 0.0 });
                 inst.info = Some(*info);
                 inst.info_at = Some(at);
@@ -482,7 +482,7 @@ impl Group {
                 1.0
             }
         };
-        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "instance" => addr.to_string()).set(up);
+        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "server" => addr.to_string()).set(up);
         if *addr == self.master {
             metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone()).set(1.0 - up);
             // Peers learn it at once through the next hello and our asks.
@@ -553,7 +553,7 @@ impl Group {
             for inst in self.instances.values() {
                 let labels = [
                     ("group", self.cfg.name.clone()),
-                    ("instance", inst.addr.to_string()),
+                    ("server", inst.addr.to_string()),
                 ];
                 metrics::gauge!(m::INSTANCE_UP, &labels).set(if inst.sdown.is_down() {
                     0.0
@@ -1262,8 +1262,8 @@ impl Group {
         let old = std::mem::replace(&mut self.master, master.clone());
         self.config_epoch = epoch;
         metrics::gauge!(m::CONFIG_EPOCH, "group" => self.cfg.name.clone()).set(epoch as f64);
-        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), "instance" => old.to_string()).set(0.0);
-        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), "instance" => master.to_string()).set(1.0);
+        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), "server" => old.to_string()).set(0.0);
+        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), "server" => master.to_string()).set(1.0);
         self.ensure_instance(&master);
         self.ensure_instance(&old);
         if old != master {
