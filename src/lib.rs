@@ -252,6 +252,7 @@ pub fn start_group(
     tasks: &tokio_util::task::TaskTracker,
 ) -> Result<group::GroupHandle, String> {
     let built = discovery::build(g)?;
+    metrics::register_group(&g.name, built.backends.iter().map(|b| b.kind()));
     let runner = Arc::new(discovery::runner::DiscoveryRunner::new(
         g.name.clone(),
         built.backends,

@@ -1,20 +1,27 @@
 //! Every metric name in one place, with its help text. Names are prefixed
 //! `picket_`; counters end in `_total`, durations in `_seconds`.
+//!
+//! A counter that first appears with the value 1 is invisible to
+//! `increase()` and `rate()` (there is no earlier sample to compare with),
+//! so an alert on the first failover would never fire. Every series an
+//! alert rule or a dashboard panel reads is therefore registered with 0 as
+//! soon as its labels are known: the daemon-wide ones at [`install`], a
+//! group's at [`register_group`], an instance's at [`register_instance`].
 
 use metrics::{describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Gauge `{group,instance}`: 1 when this daemon does not see the instance SDOWN.
+/// Gauge `{group,server}`: 1 when this daemon does not see the instance SDOWN.
 pub const INSTANCE_UP: &str = "picket_instance_up";
-/// Gauge `{group,instance,role}`: 1 for the role the instance reports.
+/// Gauge `{group,server,role}`: 1 for the role the instance reports.
 pub const INSTANCE_ROLE: &str = "picket_instance_role";
-/// Gauge `{group,instance}`: seconds since the last INFO reply.
+/// Gauge `{group,server}`: seconds since the last INFO reply.
 pub const INFO_AGE: &str = "picket_instance_info_age_seconds";
-/// Histogram `{group,instance}`: PING/INFO round-trip time.
+/// Histogram `{group,server}`: PING/INFO round-trip time.
 pub const PROBE_DURATION: &str = "picket_probe_duration_seconds";
-/// Counter `{group,instance,kind}`: failed probes by kind.
+/// Counter `{group,server,kind}`: failed probes by kind.
 pub const PROBE_ERRORS: &str = "picket_probe_errors_total";
-/// Gauge `{group,instance}`: 1 for the instance this daemon advertises as master.
+/// Gauge `{group,server}`: 1 for the instance this daemon advertises as master.
 pub const GROUP_MASTER: &str = "picket_group_master";
 /// Gauge `{group}`: the group's config epoch.
 pub const CONFIG_EPOCH: &str = "picket_group_config_epoch";
@@ -68,6 +75,35 @@ pub const DISCOVERY_WRITE_DURATION: &str = "picket_discovery_write_duration_seco
 pub const STATE_WRITABLE: &str = "picket_state_writable";
 /// Counter: failed writes of the state file.
 pub const STATE_WRITE_ERRORS: &str = "picket_state_write_errors_total";
+
+/// The label naming a data server (`host:port`). Not `instance`: that is
+/// Prometheus' own target label, and the collision renamed ours to
+/// `exported_instance` in every query.
+pub const SERVER_LABEL: &str = "server";
+
+/// Values of `result` of [`FAILOVERS`] (set in the group task).
+pub const FAILOVER_RESULTS: &[&str] = &["completed", "completed_with_timeout", "aborted"];
+/// Values of `result` of [`ELECTIONS`] (set in the group task).
+pub const ELECTION_RESULTS: &[&str] = &["won", "lost", "split"];
+/// Values of `reason` of [`API_REJECTED`] (the listener, the connection
+/// handler and `RequestError::reason`).
+pub const API_REJECTED_REASONS: &[&str] = &[
+    "max_clients",
+    "slow_subscriber",
+    "reply_too_large",
+    "too_many_args",
+    "frame_too_large",
+    "protocol",
+    "io",
+];
+/// Values of `result` of [`DISCOVERY_WRITES`] (`WriteResult::label`).
+pub const DISCOVERY_RESULTS: &[&str] = &["ok", "stale", "transient", "permanent"];
+/// Values of `kind` of [`PROBE_ERRORS`] registered for every instance: the
+/// ways a connection to a server that went away fails. The other kinds
+/// (`protocol`, `tls`, the server's error classes, ...) are rare and appear
+/// at their first occurrence; registering all of them for every instance
+/// would add 17 series per instance.
+pub const PROBE_CONNECTION_ERRORS: &[&str] = &["refused", "connect", "timeout", "io", "closed"];
 
 /// Buckets for every `_seconds` histogram: from 100 µs to 30 s.
 pub const BUCKETS: &[f64] = &[
@@ -158,5 +194,66 @@ pub fn install() -> Option<PrometheusHandle> {
         .install_recorder()
         .ok()?;
     describe();
+    register_daemon();
     Some(handle)
+}
+
+/// Register the daemon-wide series with 0: stall protection, the state
+/// file's write errors, the API's clients and rejections by reason.
+/// [`STATE_WRITABLE`] and [`CURRENT_EPOCH`] are set when the state is
+/// opened, [`PEER_UP`] by the peer table.
+pub fn register_daemon() {
+    metrics::gauge!(TILT).set(0.0);
+    metrics::counter!(TILTS).increment(0);
+    metrics::counter!(STATE_WRITE_ERRORS).increment(0);
+    metrics::gauge!(API_CLIENTS).increment(0.0);
+    for reason in API_REJECTED_REASONS {
+        metrics::counter!(API_REJECTED, "reason" => *reason).increment(0);
+    }
+}
+
+/// Register a group's series when its task starts (and again when a
+/// reload restarts it): the failover, election, vote and demotion counters
+/// for every result, SDOWN and ODOWN (a starting group has seen neither),
+/// the failover-duration histogram and, for each kind in `backends`, the
+/// discovery write counters for every result and their latency histogram.
+///
+/// A histogram registered without a sample is rendered by
+/// metrics-exporter-prometheus with every bucket at 0, so the quantile
+/// panels have a series before the first failover. [`QUORUM_REACHABLE`],
+/// [`CONFIG_EPOCH`] and [`GROUP_MASTER`] are left to the group task, which
+/// sets their true value at start.
+pub fn register_group<'a>(group: &str, backends: impl IntoIterator<Item = &'a str>) {
+    let g = group.to_string();
+    for result in FAILOVER_RESULTS {
+        metrics::counter!(FAILOVERS, "group" => g.clone(), "result" => *result).increment(0);
+    }
+    for result in ELECTION_RESULTS {
+        metrics::counter!(ELECTIONS, "group" => g.clone(), "result" => *result).increment(0);
+    }
+    metrics::counter!(VOTES_GRANTED, "group" => g.clone()).increment(0);
+    metrics::counter!(DEMOTIONS, "group" => g.clone()).increment(0);
+    metrics::gauge!(MASTER_SDOWN, "group" => g.clone()).set(0.0);
+    metrics::gauge!(MASTER_ODOWN, "group" => g.clone()).set(0.0);
+    let _ = metrics::histogram!(FAILOVER_DURATION, "group" => g);
+    for kind in backends {
+        let kind = kind.to_string();
+        for result in DISCOVERY_RESULTS {
+            metrics::counter!(DISCOVERY_WRITES, "backend" => kind.clone(), "result" => *result)
+                .increment(0);
+        }
+        let _ = metrics::histogram!(DISCOVERY_WRITE_DURATION, "backend" => kind);
+    }
+}
+
+/// Register an instance's probe series when its probe starts: the
+/// round-trip histogram and the connection-failure counters
+/// ([`PROBE_CONNECTION_ERRORS`]). `picket_instance_up` is set by the group
+/// task, which owns the instance's state.
+pub fn register_instance(group: &str, server: &str) {
+    let _ = metrics::histogram!(PROBE_DURATION, "group" => group.to_string(), SERVER_LABEL => server.to_string());
+    for kind in PROBE_CONNECTION_ERRORS {
+        metrics::counter!(PROBE_ERRORS, "group" => group.to_string(), SERVER_LABEL => server.to_string(), "kind" => *kind)
+            .increment(0);
+    }
 }

@@ -5,40 +5,13 @@
 //! metrics and pass `promtool check rules` and their unit tests
 //! (`promtool test rules`).
 
+mod obs_support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-use serde::Deserialize;
-
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
-fn read(rel: &str) -> String {
-    std::fs::read_to_string(Path::new(ROOT).join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
-}
-
-/// Every `picket_...` identifier in `text`.
-fn picket_names(text: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let bytes = text.as_bytes();
-    let mut i = 0;
-    while let Some(pos) = text[i..].find("picket_") {
-        let start = i + pos;
-        let boundary = start == 0 || {
-            let c = bytes[start - 1];
-            !(c.is_ascii_alphanumeric() || c == b'_')
-        };
-        let mut end = start + "picket_".len();
-        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
-            end += 1;
-        }
-        if boundary && end > start + "picket_".len() {
-            out.insert(text[start..end].to_string());
-        }
-        i = end;
-    }
-    out
-}
+use obs_support::{ROOT, Rule, alert_rules, exprs, picket_names, read};
 
 /// The metric names the source defines: the string constants of
 /// src/metrics.rs and of the discovery runner, with whether each is a
@@ -141,37 +114,6 @@ fn docs_metrics_md_lists_exactly_the_defined_metrics() {
     }
 }
 
-#[derive(Debug, Deserialize)]
-struct RuleFile {
-    groups: Vec<RuleGroup>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RuleGroup {
-    name: String,
-    rules: Vec<Rule>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Rule {
-    alert: String,
-    expr: String,
-    #[serde(rename = "for")]
-    for_: Option<String>,
-    labels: BTreeMap<String, String>,
-    annotations: BTreeMap<String, String>,
-}
-
-fn alert_rules() -> Vec<Rule> {
-    let file: RuleFile = serde_saphyr::from_str(&read("docs/prometheus/picket-alerts.yml"))
-        .unwrap_or_else(|e| panic!("picket-alerts.yml: {e}"));
-    assert_eq!(file.groups.len(), 1);
-    assert_eq!(file.groups[0].name, "picket");
-    file.groups.into_iter().flat_map(|g| g.rules).collect()
-}
-
 #[test]
 fn alert_rules_have_the_expected_shape_and_use_existing_metrics() {
     let defined = defined_metrics();
@@ -271,26 +213,6 @@ fn promtool_accepts_the_rules_and_their_unit_tests_pass() {
             "no unit test for {}",
             r.alert
         );
-    }
-}
-
-/// Every `expr` in a JSON document, with the title of its panel.
-fn exprs(v: &serde_json::Value, title: &str, out: &mut Vec<(String, String)>) {
-    match v {
-        serde_json::Value::Object(m) => {
-            let title = m.get("title").and_then(|t| t.as_str()).unwrap_or(title);
-            for (k, val) in m {
-                if k == "expr"
-                    && let Some(e) = val.as_str()
-                {
-                    out.push((title.to_string(), e.to_string()));
-                } else {
-                    exprs(val, title, out);
-                }
-            }
-        }
-        serde_json::Value::Array(a) => a.iter().for_each(|x| exprs(x, title, out)),
-        _ => {}
     }
 }
 

@@ -135,7 +135,7 @@ fn a_killed_replica_goes_sdown_after_down_after_and_comes_back_after_restart() {
             metric_value(
                 &m,
                 "picket_instance_up",
-                &[("group", GROUP), ("instance", &inst)],
+                &[("group", GROUP), ("server", &inst)],
             )
         })
     };

@@ -41,8 +41,8 @@ impl Group {
         let old = std::mem::replace(&mut self.master, master.clone());
         self.config_epoch = epoch;
         metrics::gauge!(m::CONFIG_EPOCH, "group" => self.cfg.name.clone()).set(epoch as f64);
-        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), "instance" => old.to_string()).set(0.0);
-        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), "instance" => master.to_string()).set(1.0);
+        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), m::SERVER_LABEL => old.to_string()).set(0.0);
+        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), m::SERVER_LABEL => master.to_string()).set(1.0);
         self.ensure_instance(&master);
         self.ensure_instance(&old);
         if old != master {

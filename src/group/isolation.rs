@@ -224,6 +224,11 @@ impl Isolation {
             metrics::gauge!(m::FENCE_LOWERED, "group" => group.to_string()).set(0.0);
             metrics::gauge!(m::FENCE_MIN_REPLICAS, "group" => group.to_string())
                 .set(f64::from(c.min_replicas));
+            for change in ["raised", "lowered", "cleared"] {
+                metrics::counter!(m::FENCE_CHANGES, "group" => group.to_string(), "change" => change)
+                    .increment(0);
+            }
+            metrics::counter!(m::FENCE_ERRORS, "group" => group.to_string()).increment(0);
         }
         Isolation {
             cfg,

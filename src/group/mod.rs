@@ -287,7 +287,7 @@ pub fn spawn(
     };
     tracing::info!(group = %g.cfg.name, master = %g.master, config_epoch = g.config_epoch, "monitoring group");
     metrics::gauge!(m::CONFIG_EPOCH, "group" => g.cfg.name.clone()).set(g.config_epoch as f64);
-    metrics::gauge!(m::GROUP_MASTER, "group" => g.cfg.name.clone(), "instance" => g.master.to_string())
+    metrics::gauge!(m::GROUP_MASTER, "group" => g.cfg.name.clone(), m::SERVER_LABEL => g.master.to_string())
         .set(1.0);
     tasks.spawn(run(g, rx, probe_rx, internal_rx));
     Ok(handle)

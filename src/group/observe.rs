@@ -115,7 +115,7 @@ impl Group {
         let now = Instant::now();
         // Up until SDOWN says otherwise, as in the view; without this the
         // gauge would only appear at the first +sdown.
-        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "instance" => addr.to_string())
+        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), m::SERVER_LABEL => addr.to_string())
             .set(1.0);
         self.instances.insert(
             addr.clone(),
@@ -225,9 +225,9 @@ impl Group {
                         new_replicas.push(Addr::new(r.ip.clone(), r.port));
                     }
                 }
-                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), "instance" => addr.to_string(), "role" => "master")
+                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => addr.to_string(), "role" => "master")
                     .set(if info.role == Role::Master { 1.0 } else { 0.0 });
-                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), "instance" => addr.to_string(), "role" => "replica")
+                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => addr.to_string(), "role" => "replica")
                     .set(if info.role == Role::Replica { 1.0 } else { 0.0 });
                 inst.info = Some(*info);
                 inst.info_at = Some(at);
@@ -307,7 +307,7 @@ impl Group {
                 1.0
             }
         };
-        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), "instance" => addr.to_string()).set(up);
+        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), m::SERVER_LABEL => addr.to_string()).set(up);
         if *addr == self.master {
             metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone()).set(1.0 - up);
             // Peers learn it at once through the next hello and our asks.
@@ -402,7 +402,7 @@ impl Group {
         for inst in self.instances.values() {
             let labels = [
                 ("group", self.cfg.name.clone()),
-                ("instance", inst.addr.to_string()),
+                (m::SERVER_LABEL, inst.addr.to_string()),
             ];
             metrics::gauge!(m::INSTANCE_UP, &labels).set(if inst.sdown.is_down() {
                 0.0

@@ -118,6 +118,7 @@ pub fn spawn(
     tx: mpsc::Sender<ProbeEvent>,
     parent: &CancellationToken,
 ) -> ProbeHandle {
+    m::register_instance(&settings.group, &settings.addr.to_string());
     let cancel = parent.child_token();
     let info_now = Arc::new(Notify::new());
     let handle = ProbeHandle {
@@ -149,7 +150,7 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, info_now: Arc<Notif
                     next_ping = Instant::now();
                 }
                 Err(e) => {
-                    metrics::counter!(m::PROBE_ERRORS, "group" => s.group.clone(), "instance" => addr_s.clone(), "kind" => e.metric_label()).increment(1);
+                    metrics::counter!(m::PROBE_ERRORS, "group" => s.group.clone(), m::SERVER_LABEL => addr_s.clone(), "kind" => e.metric_label()).increment(1);
                     let ev = ProbeEvent::Unreachable {
                         addr: s.addr.clone(),
                         at: Instant::now(),
@@ -183,7 +184,7 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, info_now: Arc<Notif
             Ok(true) => {}
             Ok(false) => return, // the group is gone
             Err(e) => {
-                metrics::counter!(m::PROBE_ERRORS, "group" => s.group.clone(), "instance" => addr_s.clone(), "kind" => e.metric_label()).increment(1);
+                metrics::counter!(m::PROBE_ERRORS, "group" => s.group.clone(), m::SERVER_LABEL => addr_s.clone(), "kind" => e.metric_label()).increment(1);
                 if e.is_fatal_to_connection() {
                     conn = None;
                     let ev = ProbeEvent::Unreachable {
@@ -212,7 +213,7 @@ async fn ping_round(
     let valid = sdown::is_valid_ping_reply(&reply);
     let latency = at - start;
     if valid {
-        metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), "instance" => s.addr.to_string())
+        metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), m::SERVER_LABEL => s.addr.to_string())
             .record(latency.as_secs_f64());
     }
     let (error, fatal) = match &reply {
@@ -261,7 +262,7 @@ async fn info_round(
     };
     let at = Instant::now();
     let info = info::parse_info(&text);
-    metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), "instance" => s.addr.to_string())
+    metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), m::SERVER_LABEL => s.addr.to_string())
         .record((at - start).as_secs_f64());
     // INFO is also proof of life.
     let ping = ProbeEvent::Ping {
