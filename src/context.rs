@@ -17,8 +17,11 @@ use crate::tilt::Tilt;
 /// The daemon-wide context shared by the group tasks, the API and HTTP.
 #[derive(Debug)]
 pub struct DaemonCtx {
-    /// This daemon's id.
+    /// This daemon's id (readable: logs, status, metrics, votes).
     pub id: String,
+    /// Its 40-hex run id, what Sentinel clients know it by (`SENTINEL
+    /// MYID`, `runid`).
+    pub run_id: String,
     /// Address announced to peers and clients.
     pub announce: String,
     /// Persisted state.

@@ -56,6 +56,7 @@ impl Daemon {
         let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
         Hello {
             id: self.ctx.id.clone(),
+            run_id: Some(self.ctx.run_id.clone()),
             addr: self.ctx.announce.clone(),
             current_epoch: self.ctx.state.current_epoch(),
             groups: crate::group::hello_groups(&groups),

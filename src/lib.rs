@@ -177,6 +177,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     ::metrics::gauge!(crate::metrics::CURRENT_EPOCH).set(state.current_epoch() as f64);
     let ctx = Arc::new(DaemonCtx {
         id: id.clone(),
+        run_id: state.run_id(),
         announce,
         state,
         peer_table: PeerTable::new(

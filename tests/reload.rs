@@ -61,6 +61,8 @@ fn sighup_adds_changes_and_removes_groups() {
     let state = PersistedState {
         version: 1,
         daemon_id: "reload-a".into(),
+        // Written before run ids existed: the daemon adds one.
+        run_id: String::new(),
         current_epoch: 4,
         groups: BTreeMap::from([
             (

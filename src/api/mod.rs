@@ -632,6 +632,7 @@ mod tests {
         let events = Events::new();
         let ctx = Arc::new(DaemonCtx {
             id: "test-daemon".into(),
+            run_id: "0".repeat(40),
             announce: "127.0.0.1:0".into(),
             state: Arc::new(StateStore::open(dir, Some("test-daemon")).unwrap()),
             peers: vec![],

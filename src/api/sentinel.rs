@@ -243,7 +243,7 @@ pub fn peer_map(v: &GroupView, p: &PeerView, never_ms: u64) -> Reply {
     b.s("name", p.id.as_deref().unwrap_or(&p.addr))
         .s("ip", &addr.host)
         .n("port", addr.port)
-        .s("runid", p.id.as_deref().unwrap_or(""))
+        .s("runid", p.run_id.as_deref().unwrap_or(""))
         .s("flags", flags.render())
         .n("link-pending-commands", 0)
         .n("link-refcount", 1)
@@ -393,7 +393,16 @@ pub async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
             )
             .unwrap_or(u64::MAX);
             match view(d, &rest[1]) {
-                Some(v) => Reply::Array(v.peers.iter().map(|p| peer_map(&v, p, never)).collect()),
+                // As Sentinel, a peer is listed once heard from; one never
+                // heard is listed (down) only once a peer that went quiet
+                // would be down too.
+                Some(v) => Reply::Array(
+                    v.peers
+                        .iter()
+                        .filter(|p| p.heard || !p.reachable)
+                        .map(|p| peer_map(&v, p, never))
+                        .collect(),
+                ),
                 None => Reply::err(NO_SUCH_MASTER),
             }
         }
@@ -445,7 +454,7 @@ pub async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
             if !named(1) {
                 return ar();
             }
-            Reply::bulk(&d.ctx.id)
+            Reply::bulk(&d.ctx.run_id)
         }
         "is-master-down-by-addr" | "is-primary-down-by-addr" => {
             let [_, ip, port, epoch, runid] = rest else {
@@ -568,6 +577,8 @@ mod tests {
                 PeerView {
                     addr: "10.0.0.8:26379".into(),
                     id: Some("picket-b".into()),
+                    run_id: Some("b".repeat(40)),
+                    heard: true,
                     reachable: true,
                     last_hello_ms: Some(200),
                     sees_master_down: false,
@@ -578,6 +589,8 @@ mod tests {
                 PeerView {
                     addr: "10.0.0.9:26379".into(),
                     id: None,
+                    run_id: None,
+                    heard: false,
                     reachable: false,
                     last_hello_ms: None,
                     sees_master_down: false,

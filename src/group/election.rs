@@ -352,7 +352,7 @@ impl Group {
             .peer_rx
             .borrow()
             .iter()
-            .filter(|e| e.seen_within(now, PEER_TTL))
+            .filter(|e| e.reachable(now, PEER_TTL))
             .count()
     }
 

@@ -76,6 +76,10 @@ pub struct PeerView {
     pub addr: String,
     /// Its id (from its hello).
     pub id: Option<String>,
+    /// Its run id (from its hello or `SENTINEL MYID`).
+    pub run_id: Option<String>,
+    /// It was heard from since this daemon started.
+    pub heard: bool,
     /// Answered within the last few seconds.
     pub reachable: bool,
     /// Milliseconds since its last hello.
@@ -390,7 +394,9 @@ impl Group {
             .map(|(idx, (e, p))| PeerView {
                 addr: e.addr.clone(),
                 id: e.id.clone(),
-                reachable: e.seen_within(now, PEER_TTL),
+                run_id: e.run_id.clone(),
+                heard: e.last_seen.is_some(),
+                reachable: e.reachable(now, PEER_TTL),
                 last_hello_ms: since(e.last_seen),
                 sees_master_down: self.election.peer_sees_down(idx, now),
                 voted_leader: p.leader.clone(),

@@ -84,12 +84,12 @@ async fn exchange(ctx: &DaemonCtx, i: usize, link: &super::peers::PeerLink, hell
     // only recognises our hellos by id, and only after it has learnt ours
     // the same way: ask each peer for its id until it is known, so that
     // neither side waits for the other.
-    if ctx.peer_table.id_of(i).is_none()
+    if !ctx.peer_table.known(i)
         && let Ok(frame) = link.request(vec!["SENTINEL".into(), "MYID".into()]).await
         && let Some(id) = crate::resp::frame_text(&frame)
-        && id != ctx.id
+        && id != ctx.run_id
     {
-        ctx.peer_table.set_id(i, id);
+        ctx.peer_table.set_run_id(i, id);
     }
     match link.hello(hello).await {
         Ok(reply) => {

@@ -31,6 +31,9 @@ use crate::resp::{ClientOptions, Connection, RespError, frame_int, frame_text};
 pub struct Hello {
     /// Sender's daemon id.
     pub id: String,
+    /// Sender's run id (absent from daemons older than run ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
     /// Sender's announced RESP address.
     pub addr: String,
     /// Sender's current epoch.

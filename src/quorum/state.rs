@@ -129,6 +129,11 @@ pub struct PersistedState {
     pub version: u32,
     /// This daemon's id.
     pub daemon_id: String,
+    /// Its 40-hex run id, what Sentinel clients know a Sentinel by
+    /// (`SENTINEL MYID`, the `runid` of `SENTINEL SENTINELS`): generated
+    /// once; a file written before it existed gets one at the next start.
+    #[serde(default)]
+    pub run_id: String,
     /// The highest epoch seen or started.
     pub current_epoch: u64,
     /// Per group.
@@ -163,7 +168,12 @@ pub struct StateStore {
     jobs: Mutex<mpsc::Sender<Job>>,
 }
 
-fn new_daemon_id() -> String {
+/// A Sentinel-style run id: 40 hex digits.
+fn is_run_id(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn new_run_id() -> String {
     use rand::Rng;
     let mut rng = rand::rng();
     (0..40)
@@ -213,19 +223,27 @@ impl StateStore {
                         path,
                     });
                 }
-                Shared {
+                let mut state = state;
+                let needs_run_id = !is_run_id(&state.run_id);
+                if needs_run_id {
+                    state.run_id = new_run_id();
+                }
+                let shared = Shared {
                     path,
                     dir: dir.to_path_buf(),
-                    durable: RwLock::new(Arc::new(state)),
+                    durable: RwLock::new(Arc::new(state.clone())),
                     write_error: Mutex::new(None),
+                };
+                if needs_run_id {
+                    shared.write(&state)?;
                 }
+                shared
             }
             None => {
                 let state = PersistedState {
                     version: FORMAT_VERSION,
-                    daemon_id: configured_id
-                        .map(str::to_string)
-                        .unwrap_or_else(new_daemon_id),
+                    daemon_id: configured_id.map(str::to_string).unwrap_or_else(new_run_id),
+                    run_id: new_run_id(),
                     current_epoch: 0,
                     groups: BTreeMap::new(),
                 };
@@ -275,6 +293,11 @@ impl StateStore {
     /// A copy of the current (durable) state.
     pub fn snapshot(&self) -> PersistedState {
         (*self.durable()).clone()
+    }
+
+    /// This daemon's run id (40 hex digits).
+    pub fn run_id(&self) -> String {
+        self.durable().run_id.clone()
     }
 
     /// This daemon's id.
@@ -561,6 +584,11 @@ mod tests {
         assert_eq!(s.daemon_id(), id);
         assert_eq!(s.current_epoch(), 1);
         assert_eq!(s.group("g").voted_for.as_deref(), Some(id.as_str()));
+        // The run id too, generated once.
+        let run_id = s.run_id();
+        assert!(is_run_id(&run_id));
+        drop(s);
+        assert_eq!(StateStore::open(dir.path(), None).unwrap().run_id(), run_id);
     }
 
     #[tokio::test]
@@ -676,6 +704,23 @@ mod tests {
         assert!(err.is_err());
         assert_eq!(s.group("g").voted_for, None);
         assert_eq!(s.current_epoch(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_file_without_a_run_id_gets_one_once() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join(STATE_FILE),
+            br#"{"version":1,"daemon_id":"picket-a","current_epoch":4,"groups":{}}"#,
+        )
+        .unwrap();
+        let s = StateStore::open(dir.path(), Some("picket-a")).unwrap();
+        let run_id = s.run_id();
+        assert!(is_run_id(&run_id), "{run_id}");
+        assert_eq!(s.current_epoch(), 4);
+        drop(s);
+        let s = StateStore::open(dir.path(), Some("picket-a")).unwrap();
+        assert_eq!(s.run_id(), run_id);
     }
 
     #[tokio::test]

@@ -22,6 +22,8 @@ pub struct PeerEntry {
     pub addr: String,
     /// Its id, from its hello.
     pub id: Option<String>,
+    /// Its run id, from its hello or `SENTINEL MYID`.
+    pub run_id: Option<String>,
     /// When it last answered anything.
     pub last_seen: Option<Instant>,
     /// When its last hello arrived (the only proof of its current config).
@@ -30,17 +32,21 @@ pub struct PeerEntry {
     pub hello: Option<Arc<Hello>>,
     /// Its groups by name (from the last hello).
     groups: Arc<HashMap<String, HelloGroup>>,
+    /// When this daemon started listening for it.
+    since: Instant,
 }
 
 impl PeerEntry {
-    fn new(addr: String) -> PeerEntry {
+    fn new(addr: String, since: Instant) -> PeerEntry {
         PeerEntry {
             addr,
             id: None,
+            run_id: None,
             last_seen: None,
             last_hello: None,
             hello: None,
             groups: Arc::default(),
+            since,
         }
     }
 
@@ -49,10 +55,16 @@ impl PeerEntry {
         self.groups.get(name)
     }
 
-    /// It answered something within `ttl` of `now`.
-    pub fn seen_within(&self, now: Instant, ttl: Duration) -> bool {
-        self.last_seen
-            .is_some_and(|t| now.saturating_duration_since(t) <= ttl)
+    /// Not known to be down: it answered within `ttl`, or it has not been
+    /// heard from yet and this daemon started less than `ttl` ago (a
+    /// just-restarted daemon must not report its peers down before it has
+    /// had the chance to hear them; a peer that was heard and went quiet
+    /// is down after the same `ttl`).
+    pub fn reachable(&self, now: Instant, ttl: Duration) -> bool {
+        match self.last_seen {
+            Some(t) => now.saturating_duration_since(t) <= ttl,
+            None => now.saturating_duration_since(self.since) <= ttl,
+        }
     }
 
     /// Its last hello is no older than `ttl`.
@@ -74,7 +86,12 @@ pub struct PeerTable {
 impl PeerTable {
     /// One entry per configured peer.
     pub fn new(addrs: &[String]) -> Self {
-        let entries = addrs.iter().cloned().map(PeerEntry::new).collect();
+        let now = Instant::now();
+        let entries = addrs
+            .iter()
+            .cloned()
+            .map(|a| PeerEntry::new(a, now))
+            .collect();
         PeerTable {
             tx: watch::Sender::new(Arc::new(entries)),
         }
@@ -110,10 +127,18 @@ impl PeerTable {
     pub fn record_hello(&self, hello: &Hello, now: Instant) -> bool {
         let idx = {
             let t = self.tx.borrow();
-            t.iter().position(|e| e.addr == hello.addr).or_else(|| {
-                t.iter()
-                    .position(|e| e.id.as_deref() == Some(hello.id.as_str()))
-            })
+            t.iter()
+                .position(|e| e.addr == hello.addr)
+                .or_else(|| {
+                    t.iter()
+                        .position(|e| e.id.as_deref() == Some(hello.id.as_str()))
+                })
+                .or_else(|| {
+                    // The run id `SENTINEL MYID` gave (a daemon older than
+                    // run ids gave its id there).
+                    let r = hello.run_id.as_ref().unwrap_or(&hello.id);
+                    t.iter().position(|e| e.run_id.as_ref() == Some(r))
+                })
         };
         self.record_hello_at_opt(idx, hello, now)
     }
@@ -135,6 +160,9 @@ impl PeerTable {
                 .collect();
             let changed = e.id.as_deref() != Some(hello.id.as_str()) || *e.groups != groups;
             e.id = Some(hello.id.clone());
+            if hello.run_id.is_some() {
+                e.run_id = hello.run_id.clone();
+            }
             e.last_seen = Some(now);
             e.last_hello = Some(now);
             e.hello = Some(Arc::new(hello.clone()));
@@ -146,14 +174,22 @@ impl PeerTable {
         })
     }
 
-    /// Remember the id the peer at `idx` gave for itself (`SENTINEL
-    /// MYID`), so that its own hellos are recognised by id when the
-    /// address it announces is not the one configured here.
-    pub fn set_id(&self, idx: usize, id: String) {
+    /// Remember the run id the peer at `idx` gave for itself (`SENTINEL
+    /// MYID`), so that its own hellos are recognised when the address it
+    /// announces is not the one configured here.
+    pub fn set_run_id(&self, idx: usize, run_id: String) {
         self.modify(Some(idx), |e| {
-            e.id = Some(id);
+            e.run_id = Some(run_id);
             false
         });
+    }
+
+    /// Whether the peer at `idx` is known by an id or run id yet.
+    pub fn known(&self, idx: usize) -> bool {
+        self.tx
+            .borrow()
+            .get(idx)
+            .is_some_and(|e| e.id.is_some() || e.run_id.is_some())
     }
 
     /// The id of the peer at `idx`, once known.
@@ -172,7 +208,7 @@ impl PeerTable {
     /// Refresh the peer-up gauges.
     pub fn export_metrics(&self, now: Instant, ttl: Duration) {
         for e in self.tx.borrow().iter() {
-            let up = e.seen_within(now, ttl);
+            let up = e.reachable(now, ttl);
             metrics::gauge!(m::PEER_UP, "peer" => e.addr.clone()).set(if up { 1.0 } else { 0.0 });
         }
     }
@@ -186,6 +222,7 @@ mod tests {
     fn hello(id: &str, addr: &str) -> Hello {
         Hello {
             id: id.into(),
+            run_id: None,
             addr: addr.into(),
             current_epoch: 0,
             groups: Vec::new(),
@@ -198,13 +235,28 @@ mod tests {
         let now = Instant::now();
         assert!(t.record_hello(&hello("b", "10.0.0.2:26379"), now));
         // Announced under another address than the configured one.
-        let c = hello("c", "10.0.0.3:26379");
+        let mut c = hello("c", "10.0.0.3:26379");
+        c.run_id = Some("9f".repeat(20));
         assert!(!t.record_hello(&c, now));
-        t.set_id(1, "c".into());
+        // Learnt from SENTINEL MYID, which gives the run id.
+        t.set_run_id(1, "9f".repeat(20));
+        assert!(t.known(1));
         assert!(t.record_hello(&c, now));
         assert_eq!(t.snapshot()[1].hello.as_deref(), Some(&c));
         // A stranger is still refused.
         assert!(!t.record_hello(&hello("x", "10.0.0.9:26379"), now));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_not_heard_yet_is_down_only_after_the_same_silence_as_one_that_went_quiet() {
+        let t = PeerTable::new(&["10.0.0.2:26379".into(), "10.0.0.3:26379".into()]);
+        let ttl = Duration::from_secs(3);
+        let start = Instant::now();
+        t.record_hello(&hello("b", "10.0.0.2:26379"), start);
+        let at = |s: u64| start + Duration::from_secs(s);
+        let snap = t.snapshot();
+        assert!(snap[0].reachable(at(2), ttl) && snap[1].reachable(at(2), ttl));
+        assert!(!snap[0].reachable(at(4), ttl) && !snap[1].reachable(at(4), ttl));
     }
 
     #[test]
