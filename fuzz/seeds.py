@@ -67,7 +67,8 @@ write("resp_decode", "info_bulk", HDR + bulk(info["valkey8_replica"]))
 for k, v in ROLE.items():
     write("resp_decode", k, HDR + v)
 
-# api_dispatch: byte 0 picks the daemon (0 open, 1 password "fuzzpw").
+# api_dispatch: byte 0 % 4 picks the listener (0 open, 1 password "fuzzpw",
+# 2 TLS with users, 3 the TLS port without a handshake).
 hello = json.dumps({"id": "peer", "addr": "127.0.0.1:1", "current_epoch": 3,
                     "groups": [{"name": "cache", "master": "127.0.0.1:2",
                                 "config_epoch": 2, "sdown": False}]})
@@ -85,6 +86,13 @@ API = {
     "unknown": b"\x00" + resp("FLUSHALL", "a", "b", "c", "d") + b"*0\r\n" + b"*1\r\n:5\r\n",
     "protocol_error": b"\x00" + resp("PING") + b"!junk\r\n",
     "inline": b"\x00PING\r\n",
+    "tls_client": b"\x02" + resp("AUTH", "fuzzpw") + resp("SENTINEL", "MASTERS")
+    + resp("SENTINEL", "FAILOVER", "cache") + resp("CLIENT", "KILL", "TYPE", "normal"),
+    "tls_operator": b"\x02" + resp("HELLO", "3", "AUTH", "ops", "opspw") + resp("SENTINEL", "RESET", "*")
+    + resp("PICKET", "IS-DOWN", "cache", "127.0.0.1:2", "0", "1", "ops"),
+    "tls_peer": b"\x02" + resp("AUTH", "peer", "peerpw") + resp("PICKET", "HELLO", hello)
+    + resp("AUTH", "peer", "wrong") + resp("SENTINEL", "MYID"),
+    "tls_no_handshake": b"\x03" + resp("PING"),
 }
 for k, v in API.items():
     write("api_dispatch", k, v)

@@ -73,6 +73,116 @@ pub struct DaemonConfig {
     /// Maximum number of simultaneous client connections on `listen`.
     #[serde(default = "default_max_clients")]
     pub max_clients: usize,
+    /// Allow `SENTINEL SIMULATE-FAILURE` / `PICKET SIMULATE-FAILURE`, which
+    /// make this daemon exit at chosen points of a failover (crash tests).
+    #[serde(default)]
+    pub enable_fault_injection: bool,
+    /// What the `default` user may do: the one `AUTH <password>` (with
+    /// `password_file`) or no `AUTH` at all (without it) logs in as.
+    #[serde(default)]
+    pub default_role: Role,
+    /// The `[[daemon.user]]` this daemon authenticates to its peers as;
+    /// without it, the `default` user's `password_file` is sent.
+    #[serde(default)]
+    pub peer_user: Option<String>,
+    /// TLS on `listen`, to the peers and optionally on `http_listen`.
+    #[serde(default)]
+    pub tls: Option<ListenTlsConfig>,
+    /// Users of the RESP listener (`[[daemon.user]]`, `AUTH user password`).
+    #[serde(default, rename = "user")]
+    pub users: Vec<UserConfig>,
+}
+
+/// What a user of the RESP listener may run.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Nothing: the user cannot log in (only for `default_role`).
+    None,
+    /// Read: where the master is, the instance tables, `INFO`, `ROLE`, events.
+    Client,
+    /// Read, and change: `FAILOVER`, `RESET`, `CLIENT KILL`, `SIMULATE-FAILURE`.
+    Operator,
+    /// Read, and the peer protocol (`PICKET IS-DOWN`, `PICKET HELLO`,
+    /// `SENTINEL IS-MASTER-DOWN-BY-ADDR`): the other daemons.
+    Peer,
+    /// Everything (what one shared password gave before users existed).
+    #[default]
+    All,
+}
+
+impl Role {
+    /// Its name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::None => "none",
+            Role::Client => "client",
+            Role::Operator => "operator",
+            Role::Peer => "peer",
+            Role::All => "all",
+        }
+    }
+}
+
+/// `[[daemon.user]]`: one user of the RESP listener (a Redis ACL user).
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    /// The name given to `AUTH <name> <password>`.
+    pub name: String,
+    /// What it may run: `client`, `operator`, `peer` or `all`.
+    pub role: Role,
+    /// File holding its password.
+    pub password_file: PathBuf,
+}
+
+/// Whether clients of a TLS listener must present a certificate
+/// (Redis' `tls-auth-clients`).
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthClients {
+    /// A certificate signed by `ca_file` is required (Redis' default).
+    #[default]
+    Yes,
+    /// A certificate is verified when one is presented.
+    Optional,
+    /// Certificates are not asked for.
+    No,
+}
+
+/// `[daemon.tls]`: TLS on the RESP listener (Redis' `tls-port`,
+/// `tls-cert-file`, ...), to the peers and optionally on HTTP.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ListenTlsConfig {
+    /// PEM certificate chain of this daemon (served on `listen`, and shown
+    /// to peers as a client certificate).
+    pub cert_file: PathBuf,
+    /// PEM private key of `cert_file`.
+    pub key_file: PathBuf,
+    /// PEM CA that signs client and peer certificates.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// `yes`, `optional` or `no`: whether clients must show a certificate.
+    #[serde(default)]
+    pub auth_clients: AuthClients,
+    /// Connect to the peers with TLS (Sentinel's `tls-replication`).
+    #[serde(default = "default_true")]
+    pub peers: bool,
+    /// Require each peer's certificate to name the host it is listed under
+    /// in `daemon.peers`; when false any certificate of `ca_file` is
+    /// accepted (as Redis does).
+    #[serde(default = "default_true")]
+    pub verify_peer_name: bool,
+    /// A second RESP listener in plaintext, for a migration.
+    #[serde(default)]
+    pub plaintext_listen: Option<String>,
+    /// Serve `http_listen` with TLS too.
+    #[serde(default)]
+    pub http: bool,
+    /// With `http`: `/metrics`, `/healthz` and `/readyz` in plaintext here.
+    #[serde(default)]
+    pub plaintext_http_listen: Option<String>,
 }
 
 /// `[[group]]`: one master and its replicas.
@@ -900,6 +1010,7 @@ impl Config {
                     .join(", ")
             )
         });
+        lines.push(d.security_summary());
         if self.groups.is_empty() {
             lines.push("groups: none".to_string());
         }
@@ -948,6 +1059,47 @@ impl Config {
 }
 
 impl DaemonConfig {
+    /// One line for `check-config`: TLS and who may log in as what.
+    fn security_summary(&self) -> String {
+        let tls = match &self.tls {
+            None => "listen in plaintext".to_string(),
+            Some(t) => {
+                let mut s = format!(
+                    "TLS on listen (client certificates: {})",
+                    match t.auth_clients {
+                        AuthClients::Yes => "required",
+                        AuthClients::Optional => "optional",
+                        AuthClients::No => "not asked for",
+                    }
+                );
+                s.push_str(if t.peers {
+                    ", to the peers"
+                } else {
+                    ", peers in plaintext"
+                });
+                if let Some(p) = &t.plaintext_listen {
+                    s.push_str(&format!(", plaintext on {p}"));
+                }
+                if t.http {
+                    s.push_str(", HTTPS");
+                }
+                s
+            }
+        };
+        let default = match (&self.password_file, self.default_role) {
+            (_, Role::None) => "disabled".to_string(),
+            (Some(_), r) => format!("password, role {}", r.name()),
+            (None, r) => format!("no AUTH needed, role {}", r.name()),
+        };
+        format!(
+            "security: {tls}; default user: {default}; users: {}{}",
+            self.users.len(),
+            self.peer_user
+                .as_ref()
+                .map_or(String::new(), |p| format!("; peers logged in as {p}"))
+        )
+    }
+
     fn validate(&self, v: &mut Problems) {
         if let Some(id) = &self.id {
             v.check("daemon.id", id_problem(id));
@@ -956,9 +1108,7 @@ impl DaemonConfig {
         let listen = socket_addr(v, "daemon.listen", &self.listen, "0.0.0.0:26379");
         let http = socket_addr(v, "daemon.http_listen", &self.http_listen, "0.0.0.0:9479");
         if let (Some(l), Some(h)) = (listen, http)
-            && l.port() != 0
-            && l.port() == h.port()
-            && (l.ip() == h.ip() || l.ip().is_unspecified() || h.ip().is_unspecified())
+            && same_port(l, h)
         {
             v.add(
                 "daemon.http_listen",
@@ -1026,6 +1176,172 @@ impl DaemonConfig {
         if self.max_clients == 0 {
             v.add("daemon.max_clients", "must be at least 1");
         }
+        self.validate_users(v);
+        if let Some(tls) = &self.tls {
+            tls.validate(self, listen, http, v);
+        }
+    }
+
+    fn validate_users(&self, v: &mut Problems) {
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        for (i, u) in self.users.iter().enumerate() {
+            let key = format!("daemon.user[{i}]");
+            if u.name == "default" {
+                v.add(
+                    format!("{key}.name"),
+                    "\"default\" is the user of password_file and default_role; pick another name",
+                );
+            } else if let Some(p) = id_problem(&u.name) {
+                v.add(
+                    format!("{key}.name"),
+                    p.replace("(omit it to generate one)", ""),
+                );
+            } else if let Some(first) = names.get(u.name.as_str()) {
+                v.add(
+                    format!("{key}.name"),
+                    format!(
+                        "user {:?} is defined twice (also daemon.user[{first}])",
+                        u.name
+                    ),
+                );
+            } else {
+                names.insert(&u.name, i);
+            }
+            if u.role == Role::None {
+                v.add(
+                    format!("{key}.role"),
+                    "must be client, operator, peer or all (remove the user to disable it)",
+                );
+            }
+            v.file(format!("{key}.password_file"), &u.password_file);
+        }
+        if let Some(name) = &self.peer_user {
+            match self.users.iter().find(|u| &u.name == name) {
+                None => v.add(
+                    "daemon.peer_user",
+                    format!("{name:?} is not one of the [[daemon.user]] names"),
+                ),
+                Some(u) if !matches!(u.role, Role::Peer | Role::All) => v.add(
+                    "daemon.peer_user",
+                    format!(
+                        "user {name:?} has role {}; the peers need role peer (or all)",
+                        u.role.name()
+                    ),
+                ),
+                Some(_) => {}
+            }
+        }
+        if !self.users.is_empty() && self.password_file.is_none() && self.default_role == Role::All
+        {
+            v.add(
+                "daemon.default_role",
+                "with [[daemon.user]] and no password_file, anyone may run every command \
+                 without AUTH; set default_role (e.g. \"client\" or \"none\") or password_file",
+            );
+        }
+    }
+}
+
+impl ListenTlsConfig {
+    fn validate(
+        &self,
+        d: &DaemonConfig,
+        listen: Option<SocketAddr>,
+        http: Option<SocketAddr>,
+        v: &mut Problems,
+    ) {
+        let key = "daemon.tls";
+        v.check(
+            format!("{key}.cert_file"),
+            pem_problem(&self.cert_file, Pem::Certificates),
+        );
+        v.check(
+            format!("{key}.key_file"),
+            pem_problem(&self.key_file, Pem::Key),
+        );
+        match &self.ca_file {
+            Some(ca) => v.check(format!("{key}.ca_file"), pem_problem(ca, Pem::Certificates)),
+            None => {
+                if self.auth_clients != AuthClients::No {
+                    v.add(
+                        format!("{key}.ca_file"),
+                        "is required to verify client certificates (or set auth_clients = \"no\")",
+                    );
+                } else if self.peers && !d.peers.is_empty() {
+                    v.add(
+                        format!("{key}.ca_file"),
+                        "is required to verify the peers' certificates",
+                    );
+                }
+            }
+        }
+        let mut taken: Vec<(&str, SocketAddr)> = Vec::new();
+        taken.extend(listen.map(|a| ("daemon.listen", a)));
+        taken.extend(http.map(|a| ("daemon.http_listen", a)));
+        for (full, value) in [
+            ("daemon.tls.plaintext_listen", &self.plaintext_listen),
+            (
+                "daemon.tls.plaintext_http_listen",
+                &self.plaintext_http_listen,
+            ),
+        ] {
+            let Some(s) = value else { continue };
+            let Some(a) = socket_addr(v, full, s, "0.0.0.0:26380") else {
+                continue;
+            };
+            match taken.iter().find(|(_, t)| same_port(*t, a)) {
+                Some((other, _)) => v.add(full, format!("{s} overlaps {other}; use another port")),
+                None => taken.push((full, a)),
+            }
+        }
+        if self.plaintext_http_listen.is_some() && !self.http {
+            v.add(
+                format!("{key}.plaintext_http_listen"),
+                "only applies with http = true (http_listen is plaintext already)",
+            );
+        }
+    }
+}
+
+/// Whether two listeners would fight over one port.
+fn same_port(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// What a PEM file must hold.
+#[derive(Clone, Copy)]
+enum Pem {
+    Certificates,
+    Key,
+}
+
+/// Why `path` is not a readable PEM file with at least one certificate (or
+/// a private key), if it is not. Checked here so that `picket
+/// check-config` finds a wrong file before any port is bound.
+fn pem_problem(path: &Path, want: Pem) -> Option<String> {
+    use rustls_pki_types::pem::PemObject;
+    if let Some(p) = file_problem(path) {
+        return Some(p);
+    }
+    let shown = path.display();
+    match want {
+        Pem::Certificates => {
+            let certs: Result<Vec<_>, _> =
+                match rustls_pki_types::CertificateDer::pem_file_iter(path) {
+                    Ok(it) => it.collect(),
+                    Err(e) => return Some(format!("{shown}: {e}")),
+                };
+            match certs {
+                Err(e) => Some(format!("{shown}: {e}")),
+                Ok(c) if c.is_empty() => Some(format!("{shown} holds no PEM certificate")),
+                Ok(_) => None,
+            }
+        }
+        Pem::Key => rustls_pki_types::PrivateKeyDer::from_pem_file(path)
+            .err()
+            .map(|e| format!("{shown} holds no usable PEM private key: {e}")),
     }
 }
 

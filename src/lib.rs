@@ -73,6 +73,9 @@ pub enum RunError {
         /// Why.
         source: std::io::Error,
     },
+    /// A certificate or key of `[daemon.tls]` cannot be used.
+    #[error("daemon.tls: {0}")]
+    Tls(tls::TlsError),
     /// A group could not be started.
     #[error("group {group}: {reason}")]
     Group {
@@ -94,6 +97,12 @@ pub struct Running {
     pub resp_addr: std::net::SocketAddr,
     /// The bound HTTP address.
     pub http_addr: std::net::SocketAddr,
+    /// The plaintext RESP listener of a migration to TLS, when open.
+    pub plaintext_resp_addr: Option<std::net::SocketAddr>,
+    /// The plaintext probe and metrics listener, when open.
+    pub plaintext_http_addr: Option<std::net::SocketAddr>,
+    /// The listener's certificates, reloaded on SIGHUP.
+    pub tls: Option<Arc<tls::ListenerTls>>,
     cancel: CancellationToken,
     tasks: tokio_util::task::TaskTracker,
 }
@@ -117,42 +126,67 @@ impl Running {
     }
 }
 
+fn secret(path: &std::path::Path) -> Result<String, RunError> {
+    config::read_secret(path).map_err(|source| RunError::Secret {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+async fn bind(addr: &str) -> Result<(TcpListener, std::net::SocketAddr), RunError> {
+    let err = |source| RunError::Bind {
+        addr: addr.to_string(),
+        source,
+    };
+    let l = TcpListener::bind(addr).await.map_err(err)?;
+    let a = l.local_addr().map_err(err)?;
+    Ok((l, a))
+}
+
+async fn bind_optional(
+    addr: Option<&String>,
+) -> Result<Option<(TcpListener, std::net::SocketAddr)>, RunError> {
+    match addr {
+        Some(a) => Ok(Some(bind(a).await?)),
+        None => Ok(None),
+    }
+}
+
 /// Start the daemon with an already validated `config`: open the state,
-/// bind the listeners, start probing every group.
+/// read the secrets and certificates, bind the listeners, start probing
+/// every group.
 pub async fn start(config: Config) -> Result<Running, RunError> {
     tls::install_crypto_provider();
     let metrics = metrics::install();
-    let password = match &config.daemon.password_file {
-        Some(p) => Some(config::read_secret(p).map_err(|source| RunError::Secret {
-            path: p.display().to_string(),
-            source,
-        })?),
+    let d = &config.daemon;
+    let password = d.password_file.as_deref().map(secret).transpose()?;
+    let user_passwords = d
+        .users
+        .iter()
+        .map(|u| secret(&u.password_file))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Peers are authenticated to as the peer user, else as the default
+    // user (one shared password, as before users existed).
+    let (peer_username, peer_password) = match &d.peer_user {
+        Some(name) => match d.users.iter().position(|u| &u.name == name) {
+            Some(i) => (Some(name.clone()), Some(user_passwords[i].clone())),
+            None => (None, password.clone()),
+        },
+        None => (None, password.clone()),
+    };
+    let users = api::acl::Users::new(d, password.clone(), user_passwords);
+    let listener_tls = match &d.tls {
+        Some(t) => Some(Arc::new(
+            tls::ListenerTls::load(t, !d.peers.is_empty()).map_err(RunError::Tls)?,
+        )),
         None => None,
     };
-    let state = Arc::new(StateStore::open(
-        &config.daemon.data_dir,
-        config.daemon.id.as_deref(),
-    )?);
-    let resp = TcpListener::bind(&config.daemon.listen)
-        .await
-        .map_err(|source| RunError::Bind {
-            addr: config.daemon.listen.clone(),
-            source,
-        })?;
-    let http = TcpListener::bind(&config.daemon.http_listen)
-        .await
-        .map_err(|source| RunError::Bind {
-            addr: config.daemon.http_listen.clone(),
-            source,
-        })?;
-    let resp_addr = resp.local_addr().map_err(|source| RunError::Bind {
-        addr: config.daemon.listen.clone(),
-        source,
-    })?;
-    let http_addr = http.local_addr().map_err(|source| RunError::Bind {
-        addr: config.daemon.http_listen.clone(),
-        source,
-    })?;
+    let state = Arc::new(StateStore::open(&d.data_dir, d.id.as_deref())?);
+    let (resp, resp_addr) = bind(&d.listen).await?;
+    let (http, http_addr) = bind(&d.http_listen).await?;
+    let tls_cfg = d.tls.as_ref();
+    let plain_resp = bind_optional(tls_cfg.and_then(|t| t.plaintext_listen.as_ref())).await?;
+    let plain_http = bind_optional(tls_cfg.and_then(|t| t.plaintext_http_listen.as_ref())).await?;
     let cancel = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
     let events = Events::new();
@@ -164,7 +198,15 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         .map(|p| {
             PeerLink::spawn(
                 p.to_string(),
-                peer_client_options(password.clone(), peer_timeout),
+                peer_client_options(
+                    peer_username.clone(),
+                    peer_password.clone(),
+                    listener_tls
+                        .as_ref()
+                        .and_then(|t| t.peers())
+                        .map(|c| resp::client::TlsClient::shared(c, None)),
+                    peer_timeout,
+                ),
                 cancel.clone(),
             )
         })
@@ -224,21 +266,48 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         move || own.hello(),
         cancel.clone(),
     ));
-    tasks.spawn(api::serve(
-        resp,
+    let api = Arc::new(api::Api::new(
         daemon.clone(),
-        max_clients,
+        api::Limits::new(max_clients),
+        resp_addr.port(),
+        users,
+    ));
+    tasks.spawn(api::serve(
+        api.clone(),
+        resp,
+        listener_tls.as_ref().map(|t| t.resp()),
         cancel.clone(),
     ));
-    tasks.spawn(http::serve(http, daemon.clone(), cancel.clone()));
+    let plaintext_resp_addr = plain_resp.as_ref().map(|(_, a)| *a);
+    if let Some((l, addr)) = plain_resp {
+        tracing::warn!(%addr, "plaintext RESP listener open (daemon.tls.plaintext_listen): close it once the migration to TLS is done");
+        tasks.spawn(api::serve(api, l, None, cancel.clone()));
+    }
+    tasks.spawn(http::serve(
+        http,
+        daemon.clone(),
+        listener_tls.as_ref().and_then(|t| t.http()),
+        cancel.clone(),
+    ));
+    let plaintext_http_addr = plain_http.as_ref().map(|(_, a)| *a);
+    if let Some((l, _)) = plain_http {
+        tasks.spawn(http::serve_plaintext_probes(
+            l,
+            daemon.clone(),
+            cancel.clone(),
+        ));
+    }
     daemon
         .ready
         .store(true, std::sync::atomic::Ordering::Release);
-    tracing::info!(%id, resp = %resp_addr, http = %http_addr, groups = config.groups.len(), peers = config.daemon.peers.len(), "picket started");
+    tracing::info!(%id, resp = %resp_addr, http = %http_addr, tls = listener_tls.is_some(), groups = config.groups.len(), peers = config.daemon.peers.len(), "picket started");
     Ok(Running {
         daemon,
         resp_addr,
         http_addr,
+        plaintext_resp_addr,
+        plaintext_http_addr,
+        tls: listener_tls,
         cancel,
         tasks,
     })

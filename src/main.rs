@@ -41,6 +41,8 @@ enum Command {
         /// Print the raw JSON of /v1/status.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Exit 0 when the daemon's /healthz answers (container health checks).
     Health {
@@ -58,10 +60,54 @@ enum Command {
         /// RESP address of the daemon (its `listen`).
         #[arg(long, default_value = "127.0.0.1:26379")]
         addr: String,
-        /// File with the daemon password, when one is set.
-        #[arg(long)]
+        /// User to log in as (`AUTH user password`), a user with role
+        /// operator; without it the default user (`AUTH password`).
+        #[arg(long, env = "PICKET_USER")]
+        user: Option<String>,
+        /// File with the password (else $PICKET_PASSWORD, else no AUTH).
+        #[arg(long, env = "PICKET_PASSWORD_FILE")]
         password_file: Option<PathBuf>,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
+}
+
+/// TLS towards a daemon with `[daemon.tls]` (redis-cli's option names).
+#[derive(clap::Args, Debug, Clone)]
+struct TlsArgs {
+    /// Connect with TLS (implied by --cacert).
+    #[arg(long)]
+    tls: bool,
+    /// PEM CA to verify the daemon's certificate with.
+    #[arg(long, env = "PICKET_CACERT")]
+    cacert: Option<PathBuf>,
+    /// PEM client certificate (daemon.tls.auth_clients), with --key.
+    #[arg(long, env = "PICKET_CERT", requires = "key")]
+    cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, env = "PICKET_KEY", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Name to verify in the daemon's certificate (default: the host of
+    /// --addr).
+    #[arg(long)]
+    sni: Option<String>,
+}
+
+impl TlsArgs {
+    /// The client configuration, when TLS is asked for.
+    fn client_config(&self) -> anyhow::Result<Option<rustls::ClientConfig>> {
+        if !self.tls && self.cacert.is_none() {
+            return Ok(None);
+        }
+        let Some(ca) = &self.cacert else {
+            anyhow::bail!("--tls needs --cacert (the CA of the daemons' certificates)");
+        };
+        let identity = match (&self.cert, &self.key) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            _ => None,
+        };
+        Ok(Some(picket::tls::client_config(ca, identity)?))
+    }
 }
 
 fn load_or_exit(path: &std::path::Path) -> Result<Config, ExitCode> {
@@ -121,13 +167,26 @@ async fn run(path: PathBuf) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn status(addr: &str, json: bool) -> anyhow::Result<ExitCode> {
+async fn status(addr: &str, json: bool, tls: &TlsArgs) -> anyhow::Result<ExitCode> {
     picket::tls::install_crypto_provider();
-    let url = format!("http://{addr}/v1/status");
-    let client = reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(5))
-        .no_proxy()
-        .build()?;
+        .no_proxy();
+    let url = match tls.client_config()? {
+        Some(cfg) => {
+            builder = builder.use_preconfigured_tls(cfg);
+            match (&tls.sni, addr.rsplit_once(':')) {
+                (Some(name), Some((_, port))) => format!("https://{name}:{port}/v1/status"),
+                _ => format!("https://{addr}/v1/status"),
+            }
+        }
+        None => format!("http://{addr}/v1/status"),
+    };
+    if let (Some(name), Ok(sock)) = (&tls.sni, addr.parse::<std::net::SocketAddr>()) {
+        // --sni: verify that name, still connecting to --addr.
+        builder = builder.resolve(name, sock);
+    }
+    let client = builder.build()?;
     let body = client
         .get(&url)
         .send()
@@ -149,14 +208,23 @@ async fn failover(
     group: &str,
     to: Option<&str>,
     addr: &str,
+    user: Option<String>,
     password_file: Option<&std::path::Path>,
+    tls: &TlsArgs,
 ) -> anyhow::Result<ExitCode> {
     let password = match password_file {
         Some(p) => Some(config::read_secret(p).with_context(|| p.display().to_string())?),
-        None => None,
+        None => std::env::var("PICKET_PASSWORD").ok(),
     };
+    if user.is_some() && password.is_none() {
+        anyhow::bail!("--user needs a password: --password-file or $PICKET_PASSWORD");
+    }
     let opts = picket::resp::ClientOptions {
+        username: user,
         password,
+        tls: tls
+            .client_config()?
+            .map(|c| picket::resp::client::TlsClient::new(c, tls.sni.clone())),
         command_timeout: std::time::Duration::from_secs(30),
         ..Default::default()
     };
@@ -195,7 +263,7 @@ async fn main() -> ExitCode {
             }
             Err(code) => Ok(code),
         },
-        Command::Status { addr, json } => status(&addr, json).await,
+        Command::Status { addr, json, tls } => status(&addr, json, &tls).await,
         Command::Health { addr } => {
             match picket::service::check_health(&addr, std::time::Duration::from_secs(3)).await {
                 Ok(()) => Ok(ExitCode::SUCCESS),
@@ -209,8 +277,20 @@ async fn main() -> ExitCode {
             group,
             to,
             addr,
+            user,
             password_file,
-        } => failover(&group, to.as_deref(), &addr, password_file.as_deref()).await,
+            tls,
+        } => {
+            failover(
+                &group,
+                to.as_deref(),
+                &addr,
+                user,
+                password_file.as_deref(),
+                &tls,
+            )
+            .await
+        }
     };
     match result {
         Ok(code) => code,

@@ -65,6 +65,11 @@ pub const TILTS: &str = "picket_tilt_total";
 pub const API_CLIENTS: &str = "picket_api_clients";
 /// Counter `{reason}`: client connections refused or closed for a limit.
 pub const API_REJECTED: &str = "picket_api_rejected_total";
+/// Counter `{command,user}`: commands refused for want of a permission
+/// (`NOPERM`).
+pub const API_REFUSED: &str = "picket_api_refused_total";
+/// Counter: failed `AUTH` attempts (wrong user or password).
+pub const API_AUTH_FAILURES: &str = "picket_api_auth_failures_total";
 /// Counter `{backend,result}`: discovery writes.
 pub const DISCOVERY_WRITES: &str = "picket_discovery_writes_total";
 /// Histogram `{backend}`: discovery write latency.
@@ -174,6 +179,14 @@ pub fn describe() {
         "Client connections refused or closed for a limit"
     );
     describe_counter!(
+        API_REFUSED,
+        "Commands refused for want of a permission (NOPERM), by command and user"
+    );
+    describe_counter!(
+        API_AUTH_FAILURES,
+        "Failed AUTH attempts on the RESP listener"
+    );
+    describe_counter!(
         DISCOVERY_WRITES,
         "Writes to service-discovery backends, by result"
     );
@@ -207,6 +220,7 @@ pub fn register_daemon() {
     metrics::counter!(TILTS).increment(0);
     metrics::counter!(STATE_WRITE_ERRORS).increment(0);
     metrics::gauge!(API_CLIENTS).increment(0.0);
+    metrics::counter!(API_AUTH_FAILURES).increment(0);
     for reason in API_REJECTED_REASONS {
         metrics::counter!(API_REJECTED, "reason" => *reason).increment(0);
     }

@@ -6,7 +6,8 @@
 //! - an invalid file is refused with check-config's `file:line: key:
 //!   reason` lines in the log, and the daemon keeps the configuration it has;
 //! - any change under `[daemon]` (identity, listeners, peers, data
-//!   directory, password file, log format, client limit) is refused as a
+//!   directory, password file, log format, client limit, fault injection)
+//!   is refused as a
 //!   whole with the list of keys that need a restart: these are bound into
 //!   sockets, peer links and the state store at start-up, and applying the
 //!   group part alone would leave the file and the daemon disagreeing
@@ -19,6 +20,11 @@
 //! deleted, a changed one is restarted with its new settings and keeps its
 //! persisted master and config epoch (the group task reads them at start),
 //! and an unchanged one is left alone (its SDOWN and peer state survive).
+//!
+//! Every SIGHUP also reads the certificate, key and CA files of
+//! `[daemon.tls]` again (same paths): new handshakes use the new files,
+//! open connections keep theirs, and files that do not make a valid
+//! configuration are refused with the old ones kept.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -128,6 +134,14 @@ pub fn restart_required(old: &DaemonConfig, new: &DaemonConfig) -> Vec<&'static 
     diff(old.log_format != new.log_format, "daemon.log_format");
     diff(old.peers != new.peers, "daemon.peers");
     diff(old.max_clients != new.max_clients, "daemon.max_clients");
+    diff(
+        old.enable_fault_injection != new.enable_fault_injection,
+        "daemon.enable_fault_injection",
+    );
+    diff(old.default_role != new.default_role, "daemon.default_role");
+    diff(old.peer_user != new.peer_user, "daemon.peer_user");
+    diff(old.tls != new.tls, "daemon.tls");
+    diff(old.users != new.users, "daemon.user");
     keys
 }
 
@@ -332,6 +346,7 @@ pub fn spawn_sighup_handler(running: &Running, path: PathBuf) {
     };
     let daemon = running.daemon.clone();
     let cancel = running.cancel.clone();
+    let tls = running.tls.clone();
     running.tasks.spawn(async move {
         loop {
             tokio::select! {
@@ -342,6 +357,16 @@ pub fn spawn_sighup_handler(running: &Running, path: PathBuf) {
             crate::service::notify_reloading();
             let result = reload(&daemon, &cancel, &path).await;
             log_outcome(&result);
+            if let Some(t) = &tls {
+                // The files named in force are read again whatever became
+                // of the rest: a renewed certificate needs no other change.
+                match t.reload() {
+                    Ok(()) => tracing::info!("TLS certificates reloaded: new connections use them"),
+                    Err(e) => tracing::error!(
+                        "TLS certificates not reloaded: {e}; the previous ones stay in use"
+                    ),
+                }
+            }
             crate::service::notify_ready(&daemon);
         }
     });
@@ -437,6 +462,11 @@ mod tests {
             ("announce = \"10.0.0.9:26379\"", "daemon.announce"),
             ("log_format = \"json\"", "daemon.log_format"),
             ("max_clients = 5", "daemon.max_clients"),
+            ("default_role = \"client\"", "daemon.default_role"),
+            (
+                "enable_fault_injection = true",
+                "daemon.enable_fault_injection",
+            ),
         ];
         for (line, key) in more {
             let new = cfg(&format!("{DAEMON}{line}\n"));

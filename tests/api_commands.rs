@@ -105,10 +105,51 @@ fn client_commands_quit_and_reset() {
     assert!(c.closed_within(Duration::from_secs(5)));
 }
 
+/// Without `enable_fault_injection`, neither form of SIMULATE-FAILURE arms
+/// anything: a client cannot make a production daemon exit.
+#[test]
+fn fault_injection_is_off_by_default() {
+    let redis = RedisServer::start_fresh(RedisOpts::default());
+    let d = start_cluster(redis.addr(), &ClusterOpts::default()).remove(0);
+    let a = d.resp;
+    let flags = || {
+        let info = redis_cmd(a, &["INFO", "sentinel"]).unwrap();
+        info_value(info.as_str().unwrap(), "sentinel_simulate_failure_flags").unwrap()
+    };
+    for args in [
+        &["SENTINEL", "SIMULATE-FAILURE", "crash-after-election"][..],
+        &["PICKET", "SIMULATE-FAILURE", "crash-after-promotion"][..],
+    ] {
+        let r = redis_cmd(a, args).unwrap();
+        assert!(
+            r.as_error()
+                .is_some_and(|e| e.contains("fault injection is disabled")
+                    && e.contains("enable_fault_injection")),
+            "{args:?}: {r:?}"
+        );
+        assert_eq!(flags(), "0", "{args:?} armed a crash");
+    }
+    // HELP still lists the modes, as Sentinel's does.
+    assert_eq!(
+        redis_cmd(a, &["SENTINEL", "SIMULATE-FAILURE", "HELP"]).unwrap(),
+        Reply::Array(vec![
+            Reply::Bulk(b"crash-after-election".to_vec()),
+            Reply::Bulk(b"crash-after-promotion".to_vec())
+        ])
+    );
+}
+
 #[test]
 fn sentinel_failover_votes_and_simulated_failures() {
     let topo = Topology::master_with_replicas(1);
-    let d = start_cluster(topo.master.addr(), &ClusterOpts::default()).remove(0);
+    let d = start_cluster(
+        topo.master.addr(),
+        &ClusterOpts {
+            daemon_extra: "enable_fault_injection = true\n".into(),
+            ..Default::default()
+        },
+    )
+    .remove(0);
     let a = d.resp;
     let old = topo.master.addr().to_string();
     let replica = topo.replicas[0].addr().to_string();
@@ -271,7 +312,8 @@ fn sentinel_failover_votes_and_simulated_failures() {
         redis_cmd(a, &["SENTINEL", "MYID"])
             .unwrap()
             .as_str()
-            .is_some_and(|s| s == "picket-0")
+            .is_some_and(|s| s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())),
+        "SENTINEL MYID is a 40-hex run id as in Sentinel, not the daemon's name"
     );
     let help = redis_cmd(a, &["SENTINEL", "HELP"]).unwrap();
     assert!(

@@ -19,6 +19,14 @@ impl Fixture {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("secret"), "s3cret\n").unwrap();
+        // A certificate and its key, for [daemon.tls] (its files must hold PEM).
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        fs::write(dir.path().join("cert.pem"), cert.pem()).unwrap();
+        fs::write(dir.path().join("key.pem"), key.serialize_pem()).unwrap();
         fs::create_dir(dir.path().join("subdir")).unwrap();
         Fixture { dir }
     }
@@ -786,6 +794,172 @@ discovery = [{ type = "file", path = "{dir}/topology.json" }]
         line: 13,
         reason: "also written by group[0].discovery[0].path",
     },
+    Bad {
+        what: "a TLS certificate file that holds no certificate",
+        toml: r#"
+[daemon]
+[daemon.tls]
+cert_file = "{dir}/secret"
+key_file = "{dir}/key.pem"
+auth_clients = "no"
+"#,
+        key: "daemon.tls.cert_file",
+        line: 3,
+        reason: "holds no PEM certificate",
+    },
+    Bad {
+        what: "a TLS key file that holds no key",
+        toml: r#"
+[daemon]
+[daemon.tls]
+cert_file = "{dir}/cert.pem"
+key_file = "{dir}/cert.pem"
+auth_clients = "no"
+"#,
+        key: "daemon.tls.key_file",
+        line: 4,
+        reason: "holds no usable PEM private key",
+    },
+    Bad {
+        what: "client certificates without a CA to verify them",
+        toml: r#"
+[daemon]
+[daemon.tls]
+cert_file = "{dir}/cert.pem"
+key_file = "{dir}/key.pem"
+"#,
+        key: "daemon.tls.ca_file",
+        line: 2,
+        reason: "is required to verify client certificates",
+    },
+    Bad {
+        what: "TLS peers without a CA to verify them",
+        toml: r#"
+[daemon]
+peers = ["127.0.0.9:26379"]
+[daemon.tls]
+cert_file = "{dir}/cert.pem"
+key_file = "{dir}/key.pem"
+auth_clients = "no"
+"#,
+        key: "daemon.tls.ca_file",
+        line: 3,
+        reason: "is required to verify the peers",
+    },
+    Bad {
+        what: "the plaintext listener on the TLS listener's port",
+        toml: r#"
+[daemon]
+listen = "0.0.0.0:26379"
+[daemon.tls]
+cert_file = "{dir}/cert.pem"
+key_file = "{dir}/key.pem"
+auth_clients = "no"
+plaintext_listen = "127.0.0.1:26379"
+"#,
+        key: "daemon.tls.plaintext_listen",
+        line: 7,
+        reason: "overlaps daemon.listen",
+    },
+    Bad {
+        what: "a plaintext probe listener while HTTP is plaintext anyway",
+        toml: r#"
+[daemon]
+[daemon.tls]
+cert_file = "{dir}/cert.pem"
+key_file = "{dir}/key.pem"
+auth_clients = "no"
+plaintext_http_listen = "127.0.0.1:9480"
+"#,
+        key: "daemon.tls.plaintext_http_listen",
+        line: 6,
+        reason: "only applies with http = true",
+    },
+    Bad {
+        what: "a user named default",
+        toml: r#"
+[daemon]
+password_file = "{dir}/secret"
+[[daemon.user]]
+name = "default"
+role = "client"
+password_file = "{dir}/secret"
+"#,
+        key: "daemon.user[0].name",
+        line: 4,
+        reason: "is the user of password_file",
+    },
+    Bad {
+        what: "a user whose role is none",
+        toml: r#"
+[daemon]
+password_file = "{dir}/secret"
+[[daemon.user]]
+name = "app"
+role = "none"
+password_file = "{dir}/secret"
+"#,
+        key: "daemon.user[0].role",
+        line: 5,
+        reason: "must be client, operator, peer or all",
+    },
+    Bad {
+        what: "a user defined twice",
+        toml: r#"
+[daemon]
+password_file = "{dir}/secret"
+[[daemon.user]]
+name = "app"
+role = "client"
+password_file = "{dir}/secret"
+[[daemon.user]]
+name = "app"
+role = "operator"
+password_file = "{dir}/secret"
+"#,
+        key: "daemon.user[1].name",
+        line: 8,
+        reason: "defined twice (also daemon.user[0])",
+    },
+    Bad {
+        what: "peer_user names no user",
+        toml: r#"
+[daemon]
+password_file = "{dir}/secret"
+peer_user = "nobody"
+"#,
+        key: "daemon.peer_user",
+        line: 3,
+        reason: "is not one of the [[daemon.user]] names",
+    },
+    Bad {
+        what: "peer_user is not a peer",
+        toml: r#"
+[daemon]
+password_file = "{dir}/secret"
+peer_user = "app"
+[[daemon.user]]
+name = "app"
+role = "client"
+password_file = "{dir}/secret"
+"#,
+        key: "daemon.peer_user",
+        line: 3,
+        reason: "the peers need role peer",
+    },
+    Bad {
+        what: "users, but the default user may do anything without AUTH",
+        toml: r#"
+[daemon]
+[[daemon.user]]
+name = "ops"
+role = "operator"
+password_file = "{dir}/secret"
+"#,
+        key: "daemon.default_role",
+        line: 1,
+        reason: "anyone may run every command",
+    },
 ];
 
 #[test]
@@ -988,6 +1162,12 @@ fn a_daemon_without_groups_is_valid_and_gets_defaults() {
         "{summary}"
     );
     assert!(summary.contains("peers: none"), "{summary}");
+    assert!(
+        summary.contains(
+            "security: listen in plaintext; default user: no AUTH needed, role all; users: 0"
+        ),
+        "{summary}"
+    );
     assert!(summary.contains("groups: none"), "{summary}");
 }
 
@@ -1269,10 +1449,12 @@ fn rewrite_file_keys(text: &str, dir: &Path) -> (String, usize) {
             if line.contains('=') && !line.trim_start().starts_with('#') && FILE_KEYS.contains(&key)
             {
                 rewritten += 1;
-                let target = if key == "path" {
-                    format!("out{rewritten}.json")
-                } else {
-                    "secret".to_string()
+                let target = match key {
+                    "path" => format!("out{rewritten}.json"),
+                    // [daemon.tls] files must hold PEM (checked at load).
+                    "cert_file" | "ca_file" => "cert.pem".to_string(),
+                    "key_file" => "key.pem".to_string(),
+                    _ => "secret".to_string(),
                 };
                 format!("{key} = \"{}\"", dir.join(target).display())
             } else {
@@ -1295,7 +1477,15 @@ fn example_config_validates_once_its_files_exist() {
     fs::write(&file, text).unwrap();
     let config = load(&file).unwrap_or_else(|e| panic!("{e}"));
     assert!(!config.groups.is_empty());
-    assert!(!config.summary().is_empty());
+    let summary = config.summary();
+    assert!(
+        summary.contains(
+            "security: TLS on listen (client certificates: optional), to the peers, \
+             plaintext on 0.0.0.0:26380, HTTPS; default user: password, role client; \
+             users: 2; peers logged in as picket-peer"
+        ),
+        "{summary}"
+    );
 }
 
 #[test]
@@ -1319,8 +1509,8 @@ fn example_config_problems_are_only_its_missing_files() {
 #[test]
 fn example_config_has_every_key() {
     use picket::config::{
-        DaemonConfig, ExecConfig, FileConfig, GroupConfig, IsolationFencingConfig,
-        KubernetesConfig, TlsConfig, WebhookConfig,
+        AuthClients, DaemonConfig, ExecConfig, FileConfig, GroupConfig, IsolationFencingConfig,
+        KubernetesConfig, ListenTlsConfig, Role, TlsConfig, UserConfig, WebhookConfig,
     };
     let p = || Some(PathBuf::from("/x"));
     let s = || Some("x".to_string());
@@ -1336,6 +1526,25 @@ fn example_config_has_every_key() {
             log_format: LogFormat::Json,
             peers: vec![picket::addr::Addr::new("x", 1)],
             max_clients: 1,
+            enable_fault_injection: true,
+            default_role: Role::Client,
+            peer_user: s(),
+            tls: Some(ListenTlsConfig {
+                cert_file: "/x".into(),
+                key_file: "/x".into(),
+                ca_file: p(),
+                auth_clients: AuthClients::Optional,
+                peers: true,
+                verify_peer_name: true,
+                plaintext_listen: s(),
+                http: true,
+                plaintext_http_listen: s(),
+            }),
+            users: vec![UserConfig {
+                name: "x".into(),
+                role: Role::Peer,
+                password_file: "/x".into(),
+            }],
         },
         groups: vec![GroupConfig {
             name: "x".into(),

@@ -46,8 +46,12 @@ struct Setup {
 }
 
 fn setup_with(topo: Topology, quorum: u32, extra: &str) -> Setup {
+    setup_planned(ClusterPlan::new(3), topo, quorum, extra)
+}
+
+fn setup_planned(plan: ClusterPlan, topo: Topology, quorum: u32, extra: &str) -> Setup {
     let groups = group_toml(GROUP, topo.master.addr(), quorum, extra);
-    let cluster = ClusterPlan::new(3).start(&groups);
+    let cluster = plan.start(&groups);
     let n = 1 + topo.replicas.len();
     cluster.wait_converged(&[0, 1, 2], GROUP, n, Duration::from_secs(20));
     Setup { topo, cluster }
@@ -1073,7 +1077,12 @@ fn dragonfly_switchover_uses_repltakeover_without_flushing_and_publishes_the_new
 #[test]
 fn a_leader_killed_after_its_promotion_is_succeeded_without_a_second_promotion() {
     let _serial = serial();
-    let s = setup(2, "");
+    let s = setup_planned(
+        ClusterPlan::new(3).with_fault_injection(),
+        Topology::master_with_replicas(2),
+        2,
+        "",
+    );
     let mut topo = s.topo;
     let mut cluster = s.cluster;
     for n in &cluster.nodes {

@@ -77,6 +77,7 @@ fn expected(groups: &[(&str, Vec<String>)], backends: &[&str], peer: &str) -> Ve
         series("picket_state_write_errors_total", &[], true),
         series("picket_api_clients", &[], false),
         series("picket_peer_up", &[("peer", peer)], true),
+        series("picket_api_auth_failures_total", &[], true),
     ];
     for r in API_REASONS {
         out.push(series("picket_api_rejected_total", &[("reason", r)], true));
@@ -272,7 +273,11 @@ fn a_fresh_daemon_exports_every_series_the_rules_and_the_dashboard_read() {
 
     // Every metric a rule or a panel reads is among the expected ones, and
     // every label value a query matches on is one that is registered.
-    let names: BTreeSet<&str> = want.iter().map(|e| base_name(e.name)).collect();
+    let mut names: BTreeSet<&str> = want.iter().map(|e| base_name(e.name)).collect();
+    // Labelled by the refused command and the user: no value exists before
+    // the first refusal, so a panel's rate() is simply empty until then;
+    // tests/auth.rs checks it counts each refusal.
+    names.insert("picket_api_refused_total");
     for (from, expr) in all_queries() {
         for n in picket_names(&expr) {
             assert!(

@@ -45,8 +45,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    ClusterPlan, PicketCluster, RedisOpts, RedisServer, Topology, free_port, group_toml, http_get,
-    next_loopback_ip, replica_linked_to, wait_for,
+    ClusterPlan, PicketCluster, RedisOpts, RedisServer, RespConn, Topology, free_port, group_toml,
+    http_get, next_loopback_ip, replica_linked_to, wait_for,
 };
 use obs_support::{RuleFile, alert_rules, dashboard_exprs, read};
 
@@ -358,8 +358,28 @@ fn the_alerts_fire_and_resolve_on_a_real_prometheus_through_real_failures() {
         2,
         "[group.isolation_fencing]\nmin_replicas = 1\n",
     );
-    let plan = ClusterPlan::new(3);
+    // The daemons share a password (peers send it) and have a read-only
+    // client credential: the dashboard's refusals panel needs one refused
+    // command to show (the counter is labelled by command and user, so it
+    // only exists from then on).
+    let users_dir = tempfile::tempdir().unwrap();
+    let (shared_pw, app_pw) = (
+        users_dir.path().join("shared"),
+        users_dir.path().join("app"),
+    );
+    std::fs::write(&shared_pw, "shared-pw").unwrap();
+    std::fs::write(&app_pw, "app-pw").unwrap();
+    let mut plan = ClusterPlan::new(3);
+    for extra in &mut plan.daemon_extra {
+        extra.push_str(&format!(
+            "password_file = \"{}\"\n\n[[daemon.user]]\nname = \"app\"\nrole = \"client\"\n\
+             password_file = \"{}\"\n",
+            shared_pw.display(),
+            app_pw.display()
+        ));
+    }
     let http = plan.http.clone();
+    let resp0 = plan.resp[0];
     let mut cluster: PicketCluster = plan.start(&groups);
     cluster.wait_converged(&[0, 1, 2], "cache", 3, Duration::from_secs(20));
     cluster.wait_converged(&[0, 1, 2], "stuck", 2, Duration::from_secs(20));
@@ -386,6 +406,14 @@ fn the_alerts_fire_and_resolve_on_a_real_prometheus_through_real_failures() {
         inst
     );
     let secs = Duration::from_secs;
+
+    let mut app = RespConn::connect(resp0, secs(5)).unwrap();
+    assert!(app.cmd(&["AUTH", "app", "app-pw"]).unwrap().is_ok());
+    let refused = app.cmd(&["SENTINEL", "FAILOVER", "cache"]).unwrap();
+    assert!(
+        refused.as_error().is_some_and(|e| e.starts_with("NOPERM")),
+        "a client credential runs no FAILOVER: {refused:?}"
+    );
 
     // 1 and 2: kill -9 both masters.
     let old = cache.master.addr();

@@ -17,6 +17,7 @@ use redis_protocol::resp2::types::BytesFrame;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use picket::resp::client::TlsClient;
 use picket::resp::{ClientOptions, Connection, RespError, ServerError, frame_text};
 
 /// What the writing client does.
@@ -35,6 +36,11 @@ pub struct WriterConfig {
     /// The local address every connection leaves from (default: the
     /// system's choice), so that a partition can tell this client apart.
     pub source: Option<IpAddr>,
+    /// TLS towards the Sentinel-compatible servers (picket with
+    /// `[daemon.tls]`; the data servers stay plaintext).
+    pub sentinel_tls: Option<TlsClient>,
+    /// `AUTH <password>` on the Sentinel-compatible servers.
+    pub sentinel_password: Option<String>,
 }
 
 /// One operation of the writer: a write, or a failed attempt to get a
@@ -162,6 +168,11 @@ where
         command_timeout: cfg.timeout,
         ..Default::default()
     };
+    let sentinel_opts = ClientOptions {
+        tls: cfg.sentinel_tls.clone(),
+        password: cfg.sentinel_password.clone(),
+        ..opts.clone()
+    };
     tokio::pin!(stop);
     let mut sum = WriterSummary::default();
     let mut conn: Option<Connection> = None;
@@ -192,7 +203,7 @@ where
             _ = tick.tick() => {}
         }
         if conn.is_none() {
-            master = resolve_master(&cfg.sentinels, &cfg.group, cfg.source, &opts).await;
+            master = resolve_master(&cfg.sentinels, &cfg.group, cfg.source, &sentinel_opts).await;
             let Some(m) = &master else {
                 report(&mut sum, None, "unresolved", &master);
                 continue;
@@ -285,6 +296,8 @@ mod tests {
             timeout: Duration::from_millis(100),
             prefix: "t".into(),
             source: None,
+            sentinel_tls: None,
+            sentinel_password: None,
         };
         let mut ops = Vec::new();
         let sum = run_writer(&cfg, tokio::time::sleep(Duration::from_millis(100)), |op| {

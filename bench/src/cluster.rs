@@ -10,7 +10,7 @@ use picket::resp::frame_text;
 use redis_protocol::resp2::types::BytesFrame;
 use serde::Serialize;
 
-use crate::procs::{Proc, cmd, free_port, info_field, pairs, wait_until};
+use crate::procs::{Access, Proc, cmd, free_port, info_field, pairs, wait_until};
 
 /// The group (master name) every run uses.
 pub const GROUP: &str = "cache";
@@ -21,6 +21,9 @@ pub const GROUP: &str = "cache";
 pub enum Side {
     /// Three picket daemons.
     Picket,
+    /// Three picket daemons with mutual TLS between them and TLS (with a
+    /// client certificate and a password) for the client.
+    PicketTls,
     /// Three redis-sentinel processes.
     RedisSentinel,
 }
@@ -30,6 +33,7 @@ impl Side {
     pub fn name(self) -> &'static str {
         match self {
             Side::Picket => "picket",
+            Side::PicketTls => "picket-tls",
             Side::RedisSentinel => "redis-sentinel",
         }
     }
@@ -64,6 +68,8 @@ pub struct Cluster {
     pub api: Vec<String>,
     /// picket only: their HTTP addresses.
     pub http: Vec<String>,
+    /// How clients reach `api` (TLS and a password for picket-tls).
+    pub access: Access,
 }
 
 /// The `redis-server` arguments of one server.
@@ -135,7 +141,8 @@ fn picket_conf(
     dir: &Path,
     down_after: Duration,
     ft: Duration,
-    extra: &str,
+    daemon_extra: &str,
+    group_extra: &str,
 ) -> String {
     let peers: Vec<String> = (0..c.api.len())
         .filter(|j| *j != i)
@@ -143,9 +150,9 @@ fn picket_conf(
         .collect();
     format!(
         "[daemon]\nid = \"picket-{i}\"\nlisten = \"{listen}\"\nhttp_listen = \"{http}\"\n\
-         data_dir = \"{data}\"\npeers = [{peers}]\n\n\
+         data_dir = \"{data}\"\npeers = [{peers}]\n{daemon_extra}\n\
          [[group]]\nname = \"{GROUP}\"\nmaster = \"{master}\"\nquorum = 2\n\
-         down_after = \"{da}ms\"\nfailover_timeout = \"{ft}ms\"\nparallel_syncs = 1\n{extra}",
+         down_after = \"{da}ms\"\nfailover_timeout = \"{ft}ms\"\nparallel_syncs = 1\n{group_extra}",
         listen = c.api[i],
         http = c.http[i],
         master = c.addrs[0],
@@ -237,6 +244,7 @@ impl Cluster {
             managers: Vec::new(),
             api: Vec::new(),
             http: Vec::new(),
+            access: Access::default(),
         };
         let ports: Vec<u16> = (0..3)
             .map(|_| free_port("127.0.0.1"))
@@ -261,11 +269,18 @@ impl Cluster {
                     )?);
                 }
             }
-            Side::Picket => {
+            Side::Picket | Side::PicketTls => {
+                let extra = if side == Side::PicketTls {
+                    let (access, extra) = tls_pki(&dir)?;
+                    c.access = access;
+                    extra
+                } else {
+                    vec![String::new(); 3]
+                };
                 c.http = (0..3)
                     .map(|_| free_port("127.0.0.1").map(|p| format!("127.0.0.1:{p}")))
                     .collect::<Result<_, _>>()?;
-                for i in 0..3 {
+                for (i, extra) in extra.iter().enumerate() {
                     let d = dir.join(format!("picket-{i}"));
                     std::fs::create_dir_all(&d)?;
                     let conf = d.join("picket.toml");
@@ -277,6 +292,7 @@ impl Cluster {
                             &d,
                             down_after,
                             env.failover_timeout,
+                            extra,
                             &extras.picket_group,
                         ),
                     )?;
@@ -310,7 +326,7 @@ impl Cluster {
                     )
                     .await
                 }
-                Side::Picket => {
+                Side::Picket | Side::PicketTls => {
                     let http = self.http[i].clone();
                     wait_until(
                         "picket to see 2 replicas and 2 peers",
@@ -353,7 +369,7 @@ impl Cluster {
                         .find(|(k, _)| k == "config-epoch")
                         .and_then(|(_, v)| v.parse().ok())
                 }),
-                Side::Picket => picket_status(&self.http[i])
+                Side::Picket | Side::PicketTls => picket_status(&self.http[i])
                     .await
                     .and_then(|s| s["groups"][0]["config_epoch"].as_u64()),
             });
@@ -365,9 +381,11 @@ impl Cluster {
     pub async fn switchover(&self) -> Result<BytesFrame, picket::resp::RespError> {
         let args: &[&str] = match self.side {
             Side::RedisSentinel => &["SENTINEL", "FAILOVER", GROUP],
-            Side::Picket => &["PICKET", "FAILOVER", GROUP],
+            Side::Picket | Side::PicketTls => &["PICKET", "FAILOVER", GROUP],
         };
-        cmd(&self.api[0], args, Duration::from_secs(30)).await
+        self.access
+            .cmd(&self.api[0], args, Duration::from_secs(30))
+            .await
     }
 }
 
@@ -439,4 +457,75 @@ pub async fn missing_keys(addr: &str, prefix: &str, seqs: &[u64]) -> anyhow::Res
         }
     }
     Ok(missing)
+}
+
+/// The password of the client (the default user, role client) in
+/// picket-tls runs.
+const CLIENT_PASSWORD: &str = "bench-client";
+
+/// A CA, one certificate per daemon (127.0.0.1, server and client use), a
+/// client certificate, and the users of a picket-tls run, in `dir`: the
+/// client's access and each daemon's `[daemon]` lines (mutual TLS, client
+/// certificates required, the peers logged in as a peer user, the client
+/// as the default user with role client).
+fn tls_pki(dir: &Path) -> anyhow::Result<(Access, Vec<String>)> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+        SanType,
+    };
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki)?;
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_pem = ca.self_signed(&ca_key)?.pem();
+    let issuer = Issuer::new(ca, ca_key);
+    let ca_file = pki.join("ca.pem");
+    std::fs::write(&ca_file, &ca_pem)?;
+    let issue = |name: &str| -> anyhow::Result<(PathBuf, PathBuf)> {
+        let key = KeyPair::generate()?;
+        let mut p = CertificateParams::new(Vec::<String>::new())?;
+        p.subject_alt_names = vec![SanType::IpAddress([127, 0, 0, 1].into())];
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = p.signed_by(&key, &issuer)?;
+        let (c, k) = (
+            pki.join(format!("{name}.pem")),
+            pki.join(format!("{name}.key")),
+        );
+        std::fs::write(&c, cert.pem())?;
+        std::fs::write(&k, key.serialize_pem())?;
+        Ok((c, k))
+    };
+    let secret = |name: &str, value: &str| -> anyhow::Result<PathBuf> {
+        let f = pki.join(name);
+        std::fs::write(&f, value)?;
+        Ok(f)
+    };
+    let client_pw = secret("client-password", CLIENT_PASSWORD)?;
+    let peer_pw = secret("peer-password", "bench-peer")?;
+    let mut extra = Vec::new();
+    for i in 0..3 {
+        let (cert, key) = issue(&format!("picket-{i}"))?;
+        extra.push(format!(
+            "password_file = \"{pw}\"\ndefault_role = \"client\"\npeer_user = \"peer\"\n\
+             [daemon.tls]\ncert_file = \"{cert}\"\nkey_file = \"{key}\"\nca_file = \"{ca}\"\n\
+             auth_clients = \"yes\"\n\
+             [[daemon.user]]\nname = \"peer\"\nrole = \"peer\"\npassword_file = \"{peer}\"\n",
+            pw = client_pw.display(),
+            peer = peer_pw.display(),
+            cert = cert.display(),
+            key = key.display(),
+            ca = ca_file.display(),
+        ));
+    }
+    let (cert, key) = issue("client")?;
+    let config = picket::tls::client_config(&ca_file, Some((&cert, &key)))?;
+    let access = Access {
+        tls: Some(picket::resp::client::TlsClient::new(config, None)),
+        password: Some(CLIENT_PASSWORD.to_string()),
+    };
+    Ok((access, extra))
 }

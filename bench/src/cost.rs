@@ -294,7 +294,7 @@ pub async fn measure(
             )?;
             (p, None)
         }
-        Side::Picket => {
+        Side::Picket | Side::PicketTls => {
             let http = format!("127.0.0.1:{}", free_port("127.0.0.1")?);
             let conf = dir.join("picket.toml");
             std::fs::write(
@@ -351,7 +351,7 @@ pub async fn measure(
     let window = t0.elapsed().as_secs_f64();
     let t_c1 = targets.cpu_ticks();
     let (ping, info) = match side {
-        Side::Picket => picket_cadence(down_after),
+        Side::Picket | Side::PicketTls => picket_cadence(down_after),
         Side::RedisSentinel => sentinel_cadence(down_after),
     };
     drop(manager);

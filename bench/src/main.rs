@@ -18,6 +18,12 @@
 //!   root (iptables).
 //! - `all` (the default): the four in turn (`partition` only as root, and
 //!   not with `--quick`).
+//! - `tls`: the `failover` run of picket without and with TLS, side by
+//!   side: mutual TLS between the three daemons (each its own certificate
+//!   of a CA made for the run, the peers logged in as a peer user) and TLS
+//!   with a client certificate and a password for the writing client.
+//!   Reports the difference of the write unavailability (the goal: within
+//!   50 ms).
 //!
 //! `--quick` (for CI) runs one failover per side and fails only if a side
 //! did not fail over. See docs/benchmarks.md for the method.
@@ -69,6 +75,9 @@ enum Cmd {
     Cost,
     /// A partition of the master and one client (needs root).
     Partition,
+    /// Unplanned failover, picket without and with TLS (mutual TLS between
+    /// the daemons, TLS and a password for the client), side by side.
+    Tls,
     /// Draw the plot again (`--plot PATH`) from a `--json` file.
     Replot {
         /// The JSON written by an earlier run.
@@ -346,6 +355,9 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
         seq += 1;
         seq
     };
+    if matches!(cmd, Cmd::Tls) {
+        return tls_bench(&env, &o, &work).await;
+    }
 
     if matches!(cmd, Cmd::All | Cmd::Failover) {
         for &da in &o.down_after {
@@ -354,15 +366,7 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 o.runs
             };
-            let ro = RunOpts {
-                down_after: da,
-                warmup: Duration::from_secs(2),
-                restart_after: Duration::from_secs(1),
-                demote_wait: o.demote_wait,
-                settle: Duration::from_secs(5),
-                interval: o.interval,
-                timeout: o.timeout,
-            };
+            let ro = failover_opts(&o, da);
             let mut runs = Vec::new();
             for i in 0..n {
                 for side in [Side::Picket, Side::RedisSentinel] {
@@ -626,6 +630,89 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The settings of a kill -9 failover run at `down_after`.
+fn failover_opts(o: &Opts, down_after: Duration) -> RunOpts {
+    RunOpts {
+        down_after,
+        warmup: Duration::from_secs(2),
+        restart_after: Duration::from_secs(1),
+        demote_wait: o.demote_wait,
+        settle: Duration::from_secs(5),
+        interval: o.interval,
+        timeout: o.timeout,
+    }
+}
+
+/// `picket-bench tls`: kill -9 failovers at the first `--down-after`,
+/// `--runs` per side, picket and picket-tls interleaved, and the
+/// difference of their write unavailability.
+async fn tls_bench(env: &Env, o: &Opts, work: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let da = o
+        .down_after
+        .first()
+        .copied()
+        .unwrap_or(Duration::from_secs(1));
+    let ro = failover_opts(o, da);
+    let mut runs = Vec::new();
+    let mut errors = Vec::new();
+    let mut run = 0;
+    for i in 0..o.runs {
+        for side in [Side::Picket, Side::PicketTls] {
+            run += 1;
+            eprint!(
+                "tls failover down_after {da:?} {} run {}/{} ... ",
+                side.name(),
+                i + 1,
+                o.runs
+            );
+            match runs::failover_run(env, side, &ro, run).await {
+                Ok(r) => {
+                    eprintln!(
+                        "unavailable {:?} ms, switch {:?} ms, lost {}",
+                        r.unavailable_ms.map(|v| v.round()),
+                        r.switch_seen_ms.map(|v| v.round()),
+                        r.acked_lost
+                    );
+                    runs.push(r);
+                }
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    errors.push(format!("{} run {run}: {e:#}", side.name()));
+                }
+            }
+        }
+    }
+    let (table, gap_delta) = report::tls_table(da, &runs);
+    print!("{table}");
+    for e in &errors {
+        println!("  error: {e}");
+    }
+    if let Some(p) = &o.json {
+        let out = serde_json::json!({
+            "mode": if o.quick { "quick" } else { "full" },
+            "down_after_ms": da.as_millis() as u64,
+            "unavailable_median_delta_ms": gap_delta,
+            "runs": runs,
+            "errors": errors,
+        });
+        std::fs::write(p, serde_json::to_vec_pretty(&out)?)
+            .with_context(|| p.display().to_string())?;
+    }
+    if !o.keep && o.work.is_none() {
+        let _ = std::fs::remove_dir_all(work);
+    }
+    let all_failed_over = [Side::Picket, Side::PicketTls].iter().all(|s| {
+        let mine: Vec<&FailoverRun> = runs.iter().filter(|r| r.side == *s).collect();
+        !mine.is_empty() && mine.iter().all(|r| r.failed_over)
+    });
+    Ok(if all_failed_over {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("FAILED: a side did not fail over");
+        ExitCode::FAILURE
+    })
+}
+
 /// The failover runs of an earlier `--json` file, with only what the plot
 /// needs.
 fn sets_from_json(path: &std::path::Path) -> anyhow::Result<Vec<FailoverSet>> {
@@ -709,6 +796,7 @@ fn plot_timelines(path: &std::path::Path, sets: &[FailoverSet]) -> anyhow::Resul
                 ),
                 short: match side {
                     Side::Picket => "picket".into(),
+                    Side::PicketTls => "picket-tls".into(),
                     Side::RedisSentinel => "sentinel".into(),
                 },
                 color,

@@ -217,8 +217,8 @@ pub async fn partition_run(
     let prefix_a = format!("bench:{run}:isolated");
     let prefix_b = format!("bench:{run}:other");
     let timing = (o.interval, o.timeout);
-    let writer_a = start_writer(&c.api, &prefix_a, Some(source), timing, &stop);
-    let writer_b = start_writer(&c.api, &prefix_b, None, timing, &stop);
+    let writer_a = start_writer(&c.api, &c.access, &prefix_a, Some(source), timing, &stop);
+    let writer_b = start_writer(&c.api, &c.access, &prefix_b, None, timing, &stop);
     for p in [&prefix_a, &prefix_b] {
         wait_writing(&old, p, 20).await?;
     }
@@ -235,7 +235,7 @@ pub async fn partition_run(
     part.isolate(master, &[source], &managers)
         .map_err(|e| anyhow::anyhow!(e))?;
     let cut = Instant::now();
-    let switch = crate::watch::first_change(&c.api, &old, length).await;
+    let switch = crate::watch::first_change(&c.api, &c.access, &old, length).await;
     tokio::time::sleep_until(cut + length).await;
     part.heal().map_err(|e| anyhow::anyhow!(e))?;
     let healed = Instant::now();

@@ -154,6 +154,39 @@ pub async fn cmd(addr: &str, args: &[&str], timeout: Duration) -> Result<BytesFr
     c.call(args).await
 }
 
+/// How to reach the managers' Sentinel-compatible API: plaintext without a
+/// password, or (picket with `[daemon.tls]`) TLS with a client
+/// certificate and the default user's password.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// TLS towards the managers.
+    pub tls: Option<picket::resp::client::TlsClient>,
+    /// `AUTH <password>`.
+    pub password: Option<String>,
+}
+
+impl Access {
+    /// Connection options with `timeout`.
+    pub fn opts(&self, timeout: Duration) -> ClientOptions {
+        ClientOptions {
+            tls: self.tls.clone(),
+            password: self.password.clone(),
+            ..opts(timeout)
+        }
+    }
+
+    /// One command on a fresh connection.
+    pub async fn cmd(
+        &self,
+        addr: &str,
+        args: &[&str],
+        timeout: Duration,
+    ) -> Result<BytesFrame, RespError> {
+        let mut c = Connection::connect(addr, &self.opts(timeout)).await?;
+        c.call(args).await
+    }
+}
+
 /// A field of `INFO section`, on a fresh connection.
 pub async fn info_field(addr: &str, section: &str, key: &str) -> Option<String> {
     let reply = cmd(addr, &["INFO", section], Duration::from_millis(500))

@@ -324,6 +324,71 @@ pub fn table(title: &str, rows: &[Compared]) -> String {
     t
 }
 
+/// The table of `picket-bench tls`: picket without and with TLS, and the
+/// difference of the medians of the write unavailability (with TLS minus
+/// without), also returned.
+pub fn tls_table(down_after: std::time::Duration, runs: &[FailoverRun]) -> (String, Option<f64>) {
+    let side = |r: &FailoverRun| r.side;
+    let col = |f: &dyn Fn(&FailoverRun) -> Option<f64>| {
+        (
+            stat(&of(runs, Side::Picket, side, f)),
+            stat(&of(runs, Side::PicketTls, side, f)),
+        )
+    };
+    let mut t = String::new();
+    let n = runs.iter().filter(|r| r.side == Side::PicketTls).count();
+    let _ = writeln!(
+        t,
+        "\nFailover after kill -9 of the master, picket without and with TLS, down_after {} ms ({n} runs per side, interleaved)",
+        down_after.as_millis()
+    );
+    let _ = writeln!(
+        t,
+        "{:<50} {:>22} {:>22} {:>10}",
+        "figure (median [min-max])", "picket", "picket-tls", "tls - plain"
+    );
+    let mut gap = None;
+    for (name, f) in [
+        (
+            "write unavailability (ms)",
+            &(|r: &FailoverRun| r.unavailable_ms) as &dyn Fn(&FailoverRun) -> Option<f64>,
+        ),
+        ("kill -> get-master-addr-by-name changes (ms)", &|r| {
+            r.switch_seen_ms
+        }),
+        ("kill -> +switch-master (ms)", &|r| r.switch_event_ms),
+        ("errors after the kill (ops)", &|r| {
+            Some(r.errors.values().sum::<u64>() as f64)
+        }),
+        ("acknowledged writes lost", &|r| Some(r.acked_lost as f64)),
+    ] {
+        let (p, s) = col(f);
+        let delta = match (p, s) {
+            (Some(p), Some(s)) => Some(s.median - p.median),
+            _ => None,
+        };
+        if gap.is_none() && name.starts_with("write unavailability") {
+            gap = delta;
+        }
+        let _ = writeln!(
+            t,
+            "{:<50} {:>22} {:>22} {:>10}",
+            name,
+            cell(&p, "ms"),
+            cell(&s, "ms"),
+            delta.map_or("-".to_string(), |d| format!("{d:+.0}"))
+        );
+    }
+    if let Some(d) = gap {
+        let _ = writeln!(
+            t,
+            "target: the medians of the write unavailability within 50 ms of each other: {} ({d:+.0} ms)",
+            if d.abs() <= 50.0 { "met" } else { "NOT met" }
+        );
+    }
+    (t, gap)
+}
+
 /// The cost table.
 pub fn cost_table(rows: &[CostRow]) -> String {
     let mut t = String::new();

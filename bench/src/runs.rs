@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, Env, GROUP, Side, missing_keys, role};
-use crate::procs::{info_value, master_of, opts};
+use crate::procs::{Access, info_value, master_of, opts};
 use crate::watch::{Seen, Watch, first_change};
 
 /// Settings of the timed runs.
@@ -152,10 +152,12 @@ pub struct SwitchoverRun {
 /// A running writer: its summary and every operation, once stopped.
 pub type WriterTask = JoinHandle<(WriterSummary, Vec<WriteOp>)>;
 
-/// Start a writing client through the managers at `api`, writing
-/// `PREFIX:SEQ` every `interval` (from `source` when given) until `stop`.
+/// Start a writing client through the managers at `api` (reached with
+/// `access`), writing `PREFIX:SEQ` every `interval` (from `source` when
+/// given) until `stop`.
 pub fn start_writer(
     api: &[String],
+    access: &Access,
     prefix: &str,
     source: Option<std::net::IpAddr>,
     (interval, timeout): (Duration, Duration),
@@ -168,6 +170,8 @@ pub fn start_writer(
         timeout,
         prefix: prefix.to_string(),
         source,
+        sentinel_tls: access.tls.clone(),
+        sentinel_password: access.password.clone(),
     };
     let stop = stop.clone();
     tokio::spawn(async move {
@@ -256,16 +260,29 @@ pub async fn failover_run(
 ) -> anyhow::Result<FailoverRun> {
     let mut c = Cluster::start(env, side, o.down_after, run).await?;
     let old = c.addrs[0].clone();
-    let watch = Watch::start(&c.api, Duration::from_millis(10)).await;
+    let watch = Watch::start(&c.api, &c.access, Duration::from_millis(10)).await;
     let stop = CancellationToken::new();
     let prefix = format!("bench:{run}");
-    let writer = start_writer(&c.api, &prefix, None, (o.interval, o.timeout), &stop);
+    let writer = start_writer(
+        &c.api,
+        &c.access,
+        &prefix,
+        None,
+        (o.interval, o.timeout),
+        &stop,
+    );
     wait_writing(&old, &prefix, 20).await?;
     tokio::time::sleep(o.warmup).await;
 
     let kill_at = Instant::now();
     c.redis[0].kill9();
-    let switch = first_change(&c.api, &old, o.down_after + Duration::from_secs(60)).await;
+    let switch = first_change(
+        &c.api,
+        &c.access,
+        &old,
+        o.down_after + Duration::from_secs(60),
+    )
+    .await;
 
     let mut demotion_ms = None;
     let mut answered = false;
@@ -332,7 +349,7 @@ pub async fn failover_run(
 
     let mut acked_lost = 0;
     if let Ok(mut conn) =
-        picket::resp::Connection::connect(&c.api[0], &opts(Duration::from_secs(1))).await
+        picket::resp::Connection::connect(&c.api[0], &c.access.opts(Duration::from_secs(1))).await
         && let Some(final_master) = master_of(&mut conn, GROUP).await
     {
         acked_lost = missing_keys(&final_master, &prefix, &acked_seqs(&ops))
@@ -384,7 +401,14 @@ pub async fn switchover_run(
     let old = c.addrs[0].clone();
     let stop = CancellationToken::new();
     let prefix = format!("bench:{run}");
-    let writer = start_writer(&c.api, &prefix, None, (o.interval, o.timeout), &stop);
+    let writer = start_writer(
+        &c.api,
+        &c.access,
+        &prefix,
+        None,
+        (o.interval, o.timeout),
+        &stop,
+    );
     wait_writing(&old, &prefix, 20).await?;
     tokio::time::sleep(o.warmup).await;
 
@@ -395,7 +419,7 @@ pub async fn switchover_run(
         Ok(f) => picket::resp::frame_text(&f).unwrap_or_else(|| format!("{f:?}")),
         Err(e) => format!("error: {e}"),
     };
-    let switch = first_change(&c.api, &old, Duration::from_secs(30)).await;
+    let switch = first_change(&c.api, &c.access, &old, Duration::from_secs(30)).await;
     let mut demoted = None;
     if switch.is_some() {
         let deadline = t0 + o.demote_wait;
@@ -426,7 +450,7 @@ pub async fn switchover_run(
     };
     let mut acked_lost = 0;
     if let Ok(mut conn) =
-        picket::resp::Connection::connect(&c.api[0], &opts(Duration::from_secs(1))).await
+        picket::resp::Connection::connect(&c.api[0], &c.access.opts(Duration::from_secs(1))).await
         && let Some(final_master) = master_of(&mut conn, GROUP).await
     {
         acked_lost = missing_keys(&final_master, &prefix, &acked_seqs(&ops))

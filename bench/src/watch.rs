@@ -4,16 +4,14 @@
 
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
-use picket::resp::{Connection, RespCodec, command, frame_text};
+use picket::resp::{Connection, frame_text};
 use redis_protocol::resp2::types::BytesFrame;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::GROUP;
-use crate::procs::{master_of, opts};
+use crate::procs::{Access, master_of};
 
 /// What one manager answered over time: `(when, master)` at start and at
 /// every change.
@@ -39,16 +37,26 @@ pub struct Seen {
 }
 
 impl Watch {
-    /// Start watching the managers at `api`.
-    pub async fn start(api: &[String], poll_every: Duration) -> Watch {
+    /// Start watching the managers at `api`, reached as `access` says.
+    pub async fn start(api: &[String], access: &Access, poll_every: Duration) -> Watch {
         let cancel = CancellationToken::new();
         let mut pollers = Vec::new();
         let mut subscribers = Vec::new();
         let mut supported = true;
         for a in api {
-            pollers.push(tokio::spawn(poll(a.clone(), poll_every, cancel.clone())));
+            pollers.push(tokio::spawn(poll(
+                a.clone(),
+                access.clone(),
+                poll_every,
+                cancel.clone(),
+            )));
             let (tx, rx) = tokio::sync::oneshot::channel();
-            subscribers.push(tokio::spawn(subscribe(a.clone(), tx, cancel.clone())));
+            subscribers.push(tokio::spawn(subscribe(
+                a.clone(),
+                access.clone(),
+                tx,
+                cancel.clone(),
+            )));
             supported &= rx.await.unwrap_or(false);
         }
         Watch {
@@ -78,7 +86,7 @@ impl Watch {
     }
 }
 
-async fn poll(addr: String, every: Duration, cancel: CancellationToken) -> Changes {
+async fn poll(addr: String, access: Access, every: Duration, cancel: CancellationToken) -> Changes {
     let mut out: Changes = Vec::new();
     let mut conn: Option<Connection> = None;
     let mut tick = tokio::time::interval(every);
@@ -89,7 +97,7 @@ async fn poll(addr: String, every: Duration, cancel: CancellationToken) -> Chang
             _ = tick.tick() => {}
         }
         if conn.is_none() {
-            conn = Connection::connect(&addr, &opts(Duration::from_millis(500)))
+            conn = Connection::connect(&addr, &access.opts(Duration::from_millis(500)))
                 .await
                 .ok();
         }
@@ -107,31 +115,19 @@ async fn poll(addr: String, every: Duration, cancel: CancellationToken) -> Chang
 
 async fn subscribe(
     addr: String,
+    access: Access,
     ready: tokio::sync::oneshot::Sender<bool>,
     cancel: CancellationToken,
 ) -> Vec<(Instant, String)> {
     let mut out = Vec::new();
-    let Ok(Ok(tcp)) = tokio::time::timeout(
-        Duration::from_secs(1),
-        tokio::net::TcpStream::connect(&addr),
-    )
-    .await
+    let Ok(mut conn) = Connection::connect(&addr, &access.opts(Duration::from_secs(1))).await
     else {
         let _ = ready.send(false);
         return out;
     };
-    let mut framed = Framed::new(tcp, RespCodec::default());
-    if framed
-        .send(command(["SUBSCRIBE", "+switch-master"]))
-        .await
-        .is_err()
-    {
-        let _ = ready.send(false);
-        return out;
-    }
     let confirmed = matches!(
-        tokio::time::timeout(Duration::from_secs(1), framed.next()).await,
-        Ok(Some(Ok(BytesFrame::Array(v)))) if v.first().and_then(frame_text).as_deref() == Some("subscribe")
+        conn.call(["SUBSCRIBE", "+switch-master"]).await,
+        Ok(BytesFrame::Array(v)) if v.first().and_then(frame_text).as_deref() == Some("subscribe")
     );
     let _ = ready.send(confirmed);
     if !confirmed {
@@ -140,12 +136,12 @@ async fn subscribe(
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return out,
-            f = framed.next() => match f {
-                Some(Ok(BytesFrame::Array(v))) if v.first().and_then(frame_text).as_deref() == Some("message") => {
+            f = conn.next_frame() => match f {
+                Ok(BytesFrame::Array(v)) if v.first().and_then(frame_text).as_deref() == Some("message") => {
                     out.push((Instant::now(), v.get(2).and_then(frame_text).unwrap_or_default()));
                 }
-                Some(Ok(_)) => {}
-                _ => return out,
+                Ok(_) => {}
+                Err(_) => return out,
             }
         }
     }
@@ -155,6 +151,7 @@ async fn subscribe(
 /// returns when and what, or None at `timeout`.
 pub async fn first_change(
     api: &[String],
+    access: &Access,
     from: &str,
     timeout: Duration,
 ) -> Option<(Instant, String)> {
@@ -163,7 +160,7 @@ pub async fn first_change(
     while Instant::now() < deadline {
         for (a, slot) in api.iter().zip(conns.iter_mut()) {
             if slot.is_none() {
-                *slot = Connection::connect(a, &opts(Duration::from_millis(500)))
+                *slot = Connection::connect(a, &access.opts(Duration::from_millis(500)))
                     .await
                     .ok();
             }

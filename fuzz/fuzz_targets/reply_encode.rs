@@ -183,7 +183,11 @@ fuzz_target!(|data: &[u8]| {
                 got.push(Some(norm(&frame)));
             }
         }
-        assert_eq!(got.len(), want.len(), "frames of {reply:?} (resp3: {resp3})");
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "frames of {reply:?} (resp3: {resp3})"
+        );
         if !resp3 {
             let got: Vec<Norm> = got.into_iter().flatten().collect();
             assert_eq!(got, want, "RESP2 of {reply:?}");

@@ -1,53 +1,18 @@
 //! Command dispatch of the RESP listener: the connection commands (`PING`,
 //! `AUTH`, `HELLO`, `CLIENT`, `COMMAND`, `ROLE`, `INFO`, pub/sub) and the
-//! peer protocol (`PICKET ...`). `SENTINEL` lives in [`super::sentinel`].
+//! dispatch of `SENTINEL` ([`super::sentinel`]) and of the peer protocol
+//! (`PICKET ...`, [`super::peer`]).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{Api, Conn, Reply};
-use crate::addr::Addr;
-use crate::daemon::Daemon;
-use crate::failover::{FailoverError, NoGoodReplica};
-use crate::group::GroupMsg;
-use crate::quorum::peers::{Hello, IsDownQuery};
-
-/// The Redis version picket reports (`HELLO`, `INFO server`): the command
-/// surface it copies is Redis Sentinel 7.2's.
-pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
-
-pub(crate) fn text(b: &Bytes) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// `ERR wrong number of arguments for '<cmd>' command` (`cmd` lower case,
-/// `sentinel|master` style for subcommands).
-pub fn arity(cmd: &str) -> Reply {
-    Reply::err(format!(
-        "ERR wrong number of arguments for '{}' command",
-        cmd.to_lowercase()
-    ))
-}
-
-/// `ERR unknown subcommand '<sub>'. Try <CMD> HELP.`
-pub fn unknown_sub(cmd: &str, sub: &str) -> Reply {
-    Reply::err(format!(
-        "ERR unknown subcommand '{}'. Try {} HELP.",
-        clip(sub),
-        cmd.to_uppercase()
-    ))
-}
-
-/// Cap what is echoed back from the client in an error.
-fn clip(s: &str) -> String {
-    let mut out: String = s.chars().take(128).collect();
-    if out.len() < s.len() {
-        out.push_str("...");
-    }
-    out
-}
+use super::acl;
+use super::conn::{Api, Conn};
+use super::reply::Reply;
+use super::util::{REDIS_COMPAT_VERSION, arity, clip, help, text, unknown_sub};
+use crate::metrics as m;
 
 fn unknown_command(name: &str, rest: &[String]) -> Reply {
     Reply::err(format!(
@@ -80,8 +45,20 @@ pub async fn dispatch(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Rep
     {
         name = format!("{name}|{}", clip(&sub.to_lowercase()));
     }
-    if !conn.authed && !matches!(cmd.as_str(), "AUTH" | "HELLO" | "QUIT") {
+    let Some(user) = &conn.user else {
+        if matches!(cmd.as_str(), "AUTH" | "HELLO" | "QUIT") {
+            return (connection_command(api, conn, &cmd, &rest).await, name);
+        }
         return (Reply::err("NOAUTH Authentication required."), name);
+    };
+    if !acl::allows(
+        user.role,
+        acl::needed(&cmd, rest.first().map(String::as_str)),
+    ) {
+        metrics::counter!(m::API_REFUSED, "command" => name.clone(), "user" => user.name.to_string())
+            .increment(1);
+        tracing::info!(client = %conn.peer, user = %user.name, command = %name, "command refused: no permission");
+        return (Reply::err(acl::noperm(&user.name, &name)), name);
     }
     if !conn.resp3 && conn.subs.count() > 0 && !allowed_while_subscribed(&cmd) {
         return (
@@ -93,20 +70,15 @@ pub async fn dispatch(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Rep
     }
     let reply = match cmd.as_str() {
         "PING" => ping(conn, &rest),
-        "AUTH" => auth(d, conn, &rest),
-        "QUIT" => {
-            conn.quit = true;
-            Reply::ok()
-        }
+        "AUTH" | "HELLO" | "QUIT" => connection_command(api, conn, &cmd, &rest).await,
         "RESET" => {
             conn.subs.clear();
             conn.sync_events(d);
             conn.resp3 = false;
             conn.name = None;
-            conn.authed = d.ctx.password.is_none();
+            conn.user = api.users.initial();
             Reply::Simple("RESET".into())
         }
-        "HELLO" => hello(d, conn, &rest),
         "CLIENT" => client(api, conn, &rest),
         "COMMAND" => super::info::command(&rest),
         "INFO" => Reply::bulk(super::info::info(api, &rest)),
@@ -137,7 +109,7 @@ pub async fn dispatch(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Rep
             conn.sync_events(d);
             r
         }
-        "PICKET" => picket(d, &rest).await,
+        "PICKET" => super::peer::picket(d, &rest).await,
         "SENTINEL" => super::sentinel::sentinel(d, &rest).await,
         _ => unknown_command(&text(&args[0]), &rest),
     };
@@ -161,41 +133,49 @@ fn ping(conn: &Conn, rest: &[String]) -> Reply {
     }
 }
 
-fn check_password(d: &Daemon, given: &str) -> bool {
-    match &d.ctx.password {
-        None => false,
-        Some(pw) => {
-            // Constant-time comparison: the password is the only secret here.
-            let a = pw.as_bytes();
-            let b = given.as_bytes();
-            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// The commands a connection may run before it is logged in.
+async fn connection_command(api: &Api, conn: &mut Conn, cmd: &str, rest: &[String]) -> Reply {
+    match cmd {
+        "AUTH" => auth(api, conn, rest).await,
+        "HELLO" => hello(api, conn, rest).await,
+        _ => {
+            conn.quit = true;
+            Reply::ok()
         }
     }
 }
 
-fn auth(d: &Daemon, conn: &mut Conn, rest: &[String]) -> Reply {
-    let pw = match rest {
-        [pw] => pw,
-        [user, pw] if user == "default" => pw,
-        [_, _] => {
-            return Reply::err("WRONGPASS invalid username-password pair or user is disabled.");
-        }
+/// `AUTH [user] password` (also `HELLO ... AUTH user password`). Failed
+/// attempts are counted and slowed down per connection, and end it after
+/// [`acl::MAX_AUTH_FAILURES`]: one connection cannot try many passwords.
+async fn auth(api: &Api, conn: &mut Conn, rest: &[String]) -> Reply {
+    let (user, pw) = match rest {
+        [pw] => (None, pw),
+        [user, pw] => (Some(user.as_str()), pw),
         _ => return arity("auth"),
     };
-    if d.ctx.password.is_none() {
-        return Reply::err(
-            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-        );
-    }
-    if check_password(d, pw) {
-        conn.authed = true;
-        Reply::ok()
-    } else {
-        Reply::err("WRONGPASS invalid username-password pair or user is disabled.")
+    match api.users.authenticate(user, pw) {
+        Ok(identity) => {
+            conn.user = Some(identity);
+            Reply::ok()
+        }
+        Err(e @ acl::AuthError::NoDefaultPassword) => Reply::err(e.text()),
+        Err(e) => {
+            conn.auth_failures = conn.auth_failures.saturating_add(1);
+            metrics::counter!(m::API_AUTH_FAILURES).increment(1);
+            tracing::info!(client = %conn.peer, user = user.unwrap_or("default"), failures = conn.auth_failures, "AUTH failed");
+            tokio::time::sleep(acl::auth_delay(conn.auth_failures)).await;
+            if conn.auth_failures >= acl::MAX_AUTH_FAILURES {
+                metrics::counter!(m::API_REJECTED, "reason" => "auth_failures").increment(1);
+                tracing::warn!(client = %conn.peer, "closing a connection after {} failed AUTH attempts", conn.auth_failures);
+                conn.quit = true;
+            }
+            Reply::err(e.text())
+        }
     }
 }
 
-fn hello(d: &Daemon, conn: &mut Conn, rest: &[String]) -> Reply {
+async fn hello(api: &Api, conn: &mut Conn, rest: &[String]) -> Reply {
     let mut i = 0;
     let mut proto = if conn.resp3 { 3 } else { 2 };
     if let Some(v) = rest.first() {
@@ -211,7 +191,7 @@ fn hello(d: &Daemon, conn: &mut Conn, rest: &[String]) -> Reply {
     while i < rest.len() {
         match rest[i].to_uppercase().as_str() {
             "AUTH" if i + 2 < rest.len() => {
-                let r = auth(d, conn, &rest[i + 1..i + 3]);
+                let r = auth(api, conn, &rest[i + 1..i + 3]).await;
                 if r.is_error() {
                     return r;
                 }
@@ -232,7 +212,7 @@ fn hello(d: &Daemon, conn: &mut Conn, rest: &[String]) -> Reply {
             }
         }
     }
-    if !conn.authed {
+    if conn.user.is_none() {
         return Reply::err(
             "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
         );
@@ -302,11 +282,6 @@ const CLIENT_HELP: &[&str] = &[
     "HELP",
     "    Prints this help.",
 ];
-
-/// `HELP` lines as a reply.
-pub fn help(lines: &[&str]) -> Reply {
-    Reply::Array(lines.iter().map(|l| Reply::Simple((*l).into())).collect())
-}
 
 fn client(api: &Api, conn: &mut Conn, rest: &[String]) -> Reply {
     let Some(sub) = rest.first() else {
@@ -438,6 +413,7 @@ fn client_kill(api: &Api, conn: &Conn, opts: &[String]) -> Reply {
     let mut addr = None;
     let mut laddr = None;
     let mut kind = None;
+    let mut user = None;
     let mut skipme = true;
     for pair in opts.chunks(2) {
         let v = &pair[1];
@@ -459,9 +435,10 @@ fn client_kill(api: &Api, conn: &Conn, opts: &[String]) -> Reply {
                 kind = Some(t);
             }
             "USER" => {
-                if v != "default" {
+                if !api.users.exists(v) {
                     return Reply::err(format!("ERR No such user '{}'", clip(v)));
                 }
+                user = Some(v.clone());
             }
             "SKIPME" => match v.to_lowercase().as_str() {
                 "yes" => skipme = true,
@@ -480,145 +457,18 @@ fn client_kill(api: &Api, conn: &Conn, opts: &[String]) -> Reply {
         {
             continue;
         }
+        let s = c.snapshot();
         if let Some(k) = &kind {
-            let s = c.snapshot();
             let pubsub = s.sub + s.psub > 0;
             if !((k == "normal" && !pubsub) || (k == "pubsub" && pubsub)) {
                 continue;
             }
         }
+        if user.as_ref().is_some_and(|u| *u != s.user) {
+            continue;
+        }
         c.kill.cancel();
         killed += 1;
     }
     Reply::Int(killed)
-}
-
-async fn picket(d: &Daemon, rest: &[String]) -> Reply {
-    let Some(sub) = rest.first() else {
-        return arity("picket");
-    };
-    match sub.to_uppercase().as_str() {
-        "IS-DOWN" => {
-            let q = match IsDownQuery::from_args(&rest[1..]) {
-                Ok(q) => q,
-                Err(e) => return Reply::err(format!("ERR {e}")),
-            };
-            let Some(h) = d.group(&q.group) else {
-                return Reply::err(format!("ERR No such master with that name: {}", q.group));
-            };
-            is_down(&h, q).await
-        }
-        "HELLO" => {
-            let [_, json] = rest else {
-                return arity("picket|hello");
-            };
-            let hello: Hello = match serde_json::from_str(json) {
-                Ok(h) => h,
-                Err(e) => return Reply::err(format!("ERR invalid hello: {e}")),
-            };
-            if !crate::quorum::hello::receive(&d.ctx, &hello).await {
-                return Reply::err(format!(
-                    "ERR unknown peer {} ({}): peers are static, list it in daemon.peers",
-                    hello.addr, hello.id
-                ));
-            }
-            match serde_json::to_string(&d.hello()) {
-                Ok(s) => Reply::bulk(s),
-                Err(e) => Reply::err(format!("ERR {e}")),
-            }
-        }
-        "FAILOVER" => match rest {
-            [_, group] => switchover(d, group, None).await,
-            [_, group, to] => match to.parse::<Addr>() {
-                Ok(a) => switchover(d, group, Some(a)).await,
-                Err(e) => Reply::err(format!("ERR invalid address: {e}")),
-            },
-            _ => arity("picket|failover"),
-        },
-        "SIMULATE-FAILURE" => {
-            // Crash tests only: make this daemon exit(99) at the worst
-            // moments of a failover it leads (Sentinel's SIMULATE-FAILURE).
-            let [_, mode] = rest else {
-                return arity("picket|simulate-failure");
-            };
-            let flags = match mode.to_lowercase().as_str() {
-                "crash-after-election" => crate::context::CRASH_AFTER_ELECTION,
-                "crash-after-promotion" => crate::context::CRASH_AFTER_PROMOTION,
-                "none" => 0,
-                _ => {
-                    return Reply::err(format!(
-                        "ERR unknown failure mode '{}' (crash-after-election, crash-after-promotion or none)",
-                        clip(mode)
-                    ));
-                }
-            };
-            d.ctx
-                .simulate_failure
-                .store(flags, std::sync::atomic::Ordering::SeqCst);
-            tracing::warn!(mode = %mode, "simulated failure mode set");
-            Reply::ok()
-        }
-        _ => Reply::err(format!(
-            "ERR unknown subcommand '{}'. Try PICKET HELP.",
-            clip(sub)
-        )),
-    }
-}
-
-/// Ask a group task whether its master is down (and maybe for a vote):
-/// `[down, leader or "*", leader epoch]`.
-pub async fn is_down(h: &crate::group::GroupHandle, query: IsDownQuery) -> Reply {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    if h.tx
-        .send(GroupMsg::IsDown { query, reply: tx })
-        .await
-        .is_err()
-    {
-        return Reply::err("ERR group task stopped");
-    }
-    match rx.await {
-        Ok(Ok(r)) => Reply::Array(vec![
-            Reply::Int(i64::from(r.down)),
-            Reply::bulk(r.leader.unwrap_or_else(|| "*".into())),
-            Reply::Int(i64::try_from(r.leader_epoch).unwrap_or(i64::MAX)),
-        ]),
-        Ok(Err(e)) => Reply::err(format!("ERR cannot persist the vote: {e}")),
-        Err(_) => Reply::err("ERR group task stopped"),
-    }
-}
-
-/// Sentinel's reply to a switchover that could not start or go on.
-fn failover_error(group: &str, e: &FailoverError) -> Reply {
-    Reply::err(match e {
-        FailoverError::InProgress => "INPROG Failover already in progress".to_string(),
-        FailoverError::AnotherLeader | FailoverError::NewerConfig => format!("INPROG {e}"),
-        FailoverError::MasterDown => "ERR the master is down: a switchover needs a live master (an automatic failover will handle it)".to_string(),
-        FailoverError::NoGoodReplica(NoGoodReplica::Unknown(a)) => {
-            format!("NOGOODSLAVE {a} is not a known replica of {group}")
-        }
-        FailoverError::NoGoodReplica(n) => format!("NOGOODSLAVE {n}"),
-        FailoverError::NotElected => "NOQUORUM could not win the election".to_string(),
-        FailoverError::Persist(why) => format!("ERR cannot persist state: {why}"),
-    })
-}
-
-/// Start a planned switchover of `group` (`PICKET FAILOVER`,
-/// `SENTINEL FAILOVER`).
-pub async fn switchover(d: &Daemon, group: &str, to: Option<Addr>) -> Reply {
-    let Some(h) = d.group(group) else {
-        return Reply::err("ERR No such master with that name");
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    if h.tx
-        .send(GroupMsg::Switchover { to, reply: tx })
-        .await
-        .is_err()
-    {
-        return Reply::err("ERR group task stopped");
-    }
-    match rx.await {
-        Ok(Ok(())) => Reply::ok(),
-        Ok(Err(e)) => failover_error(group, &e),
-        Err(_) => Reply::err("ERR group task stopped"),
-    }
 }

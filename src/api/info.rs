@@ -6,8 +6,9 @@ use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
-use super::commands::{arity, unknown_sub};
-use super::{Api, Reply};
+use super::conn::Api;
+use super::reply::Reply;
+use super::util::{REDIS_COMPAT_VERSION, arity, help, unknown_sub};
 
 const SECTIONS: &[&str] = &["server", "clients", "stats", "cpu", "sentinel"];
 
@@ -53,7 +54,7 @@ fn server(api: &Api, out: &mut String) {
         .map(|t| t.as_micros())
         .unwrap_or(0);
     out.push_str("# Server\r\n");
-    line(out, "redis_version", super::commands::REDIS_COMPAT_VERSION);
+    line(out, "redis_version", REDIS_COMPAT_VERSION);
     line(out, "redis_git_sha1", "00000000");
     line(out, "redis_git_dirty", 0);
     line(out, "redis_build_id", "0");
@@ -608,7 +609,7 @@ pub fn command(rest: &[String]) -> Reply {
             )
         }
         "GETKEYS" | "GETKEYSANDFLAGS" => Reply::err("ERR The command has no key arguments"),
-        "HELP" => super::commands::help(COMMAND_HELP),
+        "HELP" => help(COMMAND_HELP),
         _ => unknown_sub("command", sub),
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::Reply;
+use super::reply::Reply;
 use crate::events::Event;
 
 /// Most channels plus patterns one connection may hold (each is matched

@@ -35,6 +35,23 @@ pub enum Reply {
     Many(Vec<Reply>),
 }
 
+/// A RESP2 frame built elsewhere (the peer protocol's own encoders, such as
+/// [`crate::quorum::peers::IsDownReply::to_frame`]) sent as a reply: the
+/// wire form stays the one place that encodes it.
+impl From<redis_protocol::resp2::types::BytesFrame> for Reply {
+    fn from(frame: redis_protocol::resp2::types::BytesFrame) -> Reply {
+        use redis_protocol::resp2::types::BytesFrame as F;
+        match frame {
+            F::SimpleString(s) => Reply::Simple(String::from_utf8_lossy(&s).into_owned()),
+            F::Error(e) => Reply::Error(e.to_string()),
+            F::Integer(i) => Reply::Int(i),
+            F::BulkString(b) => Reply::Bulk(b),
+            F::Array(items) => Reply::Array(items.into_iter().map(Reply::from).collect()),
+            F::Null => Reply::Null,
+        }
+    }
+}
+
 impl Reply {
     /// `+OK`.
     pub fn ok() -> Reply {

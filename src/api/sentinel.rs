@@ -6,20 +6,19 @@
 //! would emit them, and the flags use Sentinel's vocabulary in its order.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
-use super::Reply;
-use super::commands::{arity, help, is_down, switchover, unknown_sub};
+use super::peer::{is_down, simulate_failure, switchover};
 use super::pubsub::glob_match;
+use super::reply::Reply;
+use super::util::{arity, help, unknown_sub};
 use crate::addr::Addr;
-use crate::context::{CRASH_AFTER_ELECTION, CRASH_AFTER_PROMOTION};
 use crate::daemon::Daemon;
 use crate::group::GroupMsg;
 use crate::group::view::{GroupView, InstanceView, PeerView};
 use crate::probe::Role;
-use crate::quorum::peers::IsDownQuery;
+use crate::quorum::peers::{IsDownQuery, IsDownReply};
 
 const NO_SUCH_MASTER: &str = "ERR No such master with that name";
 
@@ -313,8 +312,8 @@ const SENTINEL_HELP: &[&str] = &[
     "    Reset masters for specific master name matching this pattern.",
     "SENTINELS <master-name>",
     "    Show a list of Sentinel instances for this master and their state.",
-    "SIMULATE-FAILURE [CRASH-AFTER-ELECTION] [CRASH-AFTER-PROMOTION] [HELP]",
-    "    Simulate a Sentinel crash.",
+    "SIMULATE-FAILURE [CRASH-AFTER-ELECTION] [CRASH-AFTER-PROMOTION] [NONE] [HELP]",
+    "    Simulate a Sentinel crash (only with daemon.enable_fault_injection).",
     "HELP",
     "    Prints this help.",
     "(picket is configured by its TOML file: MONITOR, REMOVE, SET, CONFIG, DEBUG,",
@@ -473,10 +472,10 @@ pub async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
                 .into_iter()
                 .find(|v| v.master.host == *ip && i64::from(v.master.port) == port);
             let Some(v) = found else {
-                return Reply::Array(vec![Reply::Int(0), Reply::bulk("*"), Reply::Int(0)]);
+                return Reply::from(IsDownReply::not_down().to_frame());
             };
             let Some(h) = d.group(&v.name) else {
-                return Reply::Array(vec![Reply::Int(0), Reply::bulk("*"), Reply::Int(0)]);
+                return Reply::from(IsDownReply::not_down().to_frame());
             };
             let q = IsDownQuery {
                 group: v.name.clone(),
@@ -488,28 +487,7 @@ pub async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
             };
             is_down(&h, q).await
         }
-        "simulate-failure" => {
-            if rest.len() < 2 {
-                return ar();
-            }
-            let mut flags = 0u8;
-            for a in &rest[1..] {
-                match a.to_lowercase().as_str() {
-                    "crash-after-election" => flags |= CRASH_AFTER_ELECTION,
-                    "crash-after-promotion" => flags |= CRASH_AFTER_PROMOTION,
-                    "help" => {
-                        return Reply::Array(vec![
-                            Reply::bulk("crash-after-election"),
-                            Reply::bulk("crash-after-promotion"),
-                        ]);
-                    }
-                    _ => return Reply::err("ERR Unknown failure simulation specified"),
-                }
-            }
-            d.ctx.simulate_failure.store(flags, Ordering::SeqCst);
-            tracing::warn!(flags, "SENTINEL SIMULATE-FAILURE armed");
-            Reply::ok()
-        }
+        "simulate-failure" => simulate_failure(d, "sentinel|simulate-failure", &rest[1..]),
         "help" => help(SENTINEL_HELP),
         "monitor" | "remove" | "set" | "config" | "debug" | "flushconfig" | "info-cache"
         | "pending-scripts" => not_supported(sub),

@@ -1,7 +1,9 @@
 //! Links to the other daemons and the messages of the peer protocol.
 //!
-//! The peer protocol runs on the RESP `listen` port, after `AUTH` when a
-//! password is set:
+//! The peer protocol runs on the RESP `listen` port (TLS when
+//! `[daemon.tls]` is set, with this daemon's certificate as the client's),
+//! after `AUTH` as the peer user (`daemon.peer_user`) or with the default
+//! user's password:
 //!
 //! - `PICKET IS-DOWN <group> <master> <config-epoch> <epoch>
 //!   <candidate-id|*> [<promote>]` → `[down:int, leader-id|"*",
@@ -24,6 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::addr::Addr;
+use crate::resp::client::TlsClient;
 use crate::resp::{ClientOptions, Connection, RespError, frame_int, frame_text};
 
 /// A daemon's view, exchanged with its peers.
@@ -81,7 +84,18 @@ pub struct IsDownReply {
 }
 
 impl IsDownReply {
-    /// Encode as `[down, leader|*, epoch]`.
+    /// Not down, no vote: the answer about a master this daemon does not
+    /// watch.
+    pub fn not_down() -> IsDownReply {
+        IsDownReply {
+            down: false,
+            leader: None,
+            leader_epoch: 0,
+        }
+    }
+
+    /// Encode as `[down, leader|*, epoch]`: the one encoder of this reply,
+    /// used by the API (`PICKET IS-DOWN`, `SENTINEL IS-MASTER-DOWN-BY-ADDR`).
     pub fn to_frame(&self) -> BytesFrame {
         BytesFrame::Array(vec![
             BytesFrame::Integer(i64::from(self.down)),
@@ -235,6 +249,9 @@ async fn run(
     cancel: CancellationToken,
 ) {
     let mut conn: Option<Connection> = None;
+    // A refused handshake or login is a configuration problem the
+    // operator must see, once per change rather than once per request.
+    let mut warned: Option<String> = None;
     loop {
         let req = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -245,8 +262,20 @@ async fn run(
         }
         if conn.is_none() {
             match Connection::connect(&addr, &opts).await {
-                Ok(c) => conn = Some(c),
+                Ok(c) => {
+                    if warned.take().is_some() {
+                        tracing::info!(peer = %addr, "peer link established");
+                    }
+                    conn = Some(c);
+                }
                 Err(e) => {
+                    if matches!(e, RespError::Tls(_) | RespError::Server(_)) {
+                        let text = e.to_string();
+                        if warned.as_deref() != Some(text.as_str()) {
+                            tracing::warn!(peer = %addr, "cannot connect to the peer: {text}");
+                            warned = Some(text);
+                        }
+                    }
                     let _ = req.reply.send(Err(e));
                     continue;
                 }
@@ -263,15 +292,22 @@ async fn run(
     }
 }
 
-/// Connection settings for peer links: short timeouts, because every
-/// request is on the failover's critical path.
-pub fn peer_client_options(password: Option<String>, timeout: Duration) -> ClientOptions {
+/// Connection settings for peer links: the peer credential (`AUTH
+/// username password`, or `AUTH password` for the default user), TLS when
+/// `[daemon.tls]` says so, and short timeouts, because every request is on
+/// the failover's critical path.
+pub fn peer_client_options(
+    username: Option<String>,
+    password: Option<String>,
+    tls: Option<TlsClient>,
+    timeout: Duration,
+) -> ClientOptions {
     ClientOptions {
         connect_timeout: timeout,
         command_timeout: timeout,
-        username: None,
+        username,
         password,
-        tls: None,
+        tls,
         max_frame: crate::resp::DEFAULT_MAX_FRAME,
         client_name: None,
     }

@@ -205,10 +205,15 @@ impl PeerTable {
         });
     }
 
-    /// Refresh the peer-up gauges.
+    /// Refresh the peer-up gauges. They say what was heard: the start-up
+    /// grace of [`PeerEntry::reachable`] is for counting a quorum, and an
+    /// operator looking at a fresh daemon must see a peer it never heard
+    /// from as down.
     pub fn export_metrics(&self, now: Instant, ttl: Duration) {
         for e in self.tx.borrow().iter() {
-            let up = e.reachable(now, ttl);
+            let up = e
+                .last_seen
+                .is_some_and(|t| now.saturating_duration_since(t) <= ttl);
             metrics::gauge!(m::PEER_UP, "peer" => e.addr.clone()).set(if up { 1.0 } else { 0.0 });
         }
     }

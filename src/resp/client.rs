@@ -2,8 +2,6 @@
 //! `AUTH`, optional TLS, a frame-size cap and typed error replies.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
@@ -19,10 +17,12 @@ use crate::config::TlsConfig;
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-/// TLS settings ready to use for connections.
+/// TLS settings ready to use for connections. Clones share one
+/// configuration, which [`crate::tls::ListenerTls::reload`] may replace:
+/// each new connection uses the one in force.
 #[derive(Clone)]
 pub struct TlsClient {
-    connector: tokio_rustls::TlsConnector,
+    config: crate::tls::Shared<rustls::ClientConfig>,
     server_name: Option<String>,
 }
 
@@ -34,55 +34,38 @@ impl std::fmt::Debug for TlsClient {
     }
 }
 
-fn read_pem_certs(
-    path: &Path,
-) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, RespError> {
-    use rustls_pki_types::pem::PemObject;
-    let certs: Result<Vec<_>, _> = rustls_pki_types::CertificateDer::pem_file_iter(path)
-        .map_err(|e| RespError::Tls(format!("{}: {e}", path.display())))?
-        .collect();
-    let certs = certs.map_err(|e| RespError::Tls(format!("{}: {e}", path.display())))?;
-    if certs.is_empty() {
-        return Err(RespError::Tls(format!(
-            "{}: no certificate found",
-            path.display()
-        )));
-    }
-    Ok(certs)
-}
-
 impl TlsClient {
     /// Build from the group's `tls` settings: CA file (else no server can be
     /// verified, so it is required), optional client certificate and key.
     pub fn from_config(cfg: &TlsConfig) -> Result<Self, RespError> {
-        use rustls_pki_types::pem::PemObject;
-        crate::tls::install_crypto_provider();
-        let mut roots = rustls::RootCertStore::empty();
         let ca = cfg
             .ca_file
             .as_deref()
             .ok_or_else(|| RespError::Tls("tls.ca_file is required".into()))?;
-        for cert in read_pem_certs(ca)? {
-            roots
-                .add(cert)
-                .map_err(|e| RespError::Tls(format!("{}: {e}", ca.display())))?;
-        }
-        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
-        let config = match (&cfg.cert_file, &cfg.key_file) {
-            (Some(cert), Some(key)) => {
-                let chain = read_pem_certs(cert)?;
-                let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key)
-                    .map_err(|e| RespError::Tls(format!("{}: {e}", key.display())))?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|e| RespError::Tls(e.to_string()))?
-            }
-            _ => builder.with_no_client_auth(),
+        let identity = match (&cfg.cert_file, &cfg.key_file) {
+            (Some(c), Some(k)) => Some((c.as_path(), k.as_path())),
+            _ => None,
         };
-        Ok(TlsClient {
-            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
-            server_name: cfg.server_name.clone(),
-        })
+        let config =
+            crate::tls::client_config(ca, identity).map_err(|e| RespError::Tls(e.to_string()))?;
+        Ok(Self::new(config, cfg.server_name.clone()))
+    }
+
+    /// Use `config`; `server_name` is the name to verify (default: the host
+    /// of each address connected to).
+    pub fn new(config: rustls::ClientConfig, server_name: Option<String>) -> Self {
+        Self::shared(crate::tls::shared(config), server_name)
+    }
+
+    /// Use the configuration `config` holds at each connection.
+    pub fn shared(
+        config: crate::tls::Shared<rustls::ClientConfig>,
+        server_name: Option<String>,
+    ) -> Self {
+        TlsClient {
+            config,
+            server_name,
+        }
     }
 }
 
@@ -204,8 +187,8 @@ impl Connection {
                 };
                 let name = rustls_pki_types::ServerName::try_from(host.clone())
                     .map_err(|e| RespError::Tls(format!("server name {host:?}: {e}")))?;
-                let stream = tls
-                    .connector
+                let connector = tokio_rustls::TlsConnector::from(crate::tls::current(&tls.config));
+                let stream = connector
                     .connect(name, tcp)
                     .await
                     .map_err(|e| RespError::Tls(e.to_string()))?;
@@ -271,6 +254,15 @@ impl Connection {
             Some(Err(e)) => Err(e),
             Some(Ok(BytesFrame::Error(msg))) => Err(RespError::Server(classify_error(&msg))),
             Some(Ok(frame)) => Ok(frame),
+        }
+    }
+
+    /// The next frame the server sends on its own, such as a pub/sub
+    /// message after `SUBSCRIBE` (no deadline: the caller bounds the wait).
+    pub async fn next_frame(&mut self) -> Result<BytesFrame, RespError> {
+        match self.framed.next().await {
+            None => Err(RespError::Closed),
+            Some(r) => r,
         }
     }
 

@@ -43,6 +43,8 @@ pub struct ClusterOpts {
     pub password: Option<String>,
     /// `max_clients`.
     pub max_clients: Option<usize>,
+    /// More lines for the `[daemon]` table (e.g. `enable_fault_injection = true`).
+    pub daemon_extra: String,
 }
 
 impl Default for ClusterOpts {
@@ -55,6 +57,7 @@ impl Default for ClusterOpts {
             group: "mymaster".into(),
             password: None,
             max_clients: None,
+            daemon_extra: String::new(),
         }
     }
 }
@@ -95,6 +98,7 @@ pub fn start_cluster(master: SocketAddr, opts: &ClusterOpts) -> Vec<Daemon> {
                 if let Some(m) = opts.max_clients {
                     daemon.push_str(&format!("max_clients = {m}\n"));
                 }
+                daemon.push_str(&opts.daemon_extra);
                 format!(
                     "{daemon}\n[[group]]\nname = \"{}\"\nmaster = \"{master}\"\nquorum = {}\ndown_after = \"{}\"\nfailover_timeout = \"{}\"\n",
                     opts.group, opts.quorum, opts.down_after, opts.failover_timeout

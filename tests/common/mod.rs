@@ -40,6 +40,8 @@ use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame;
 use tempfile::TempDir;
 
+pub mod tls;
+
 /// How long a server (or topology link) gets to become ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default connect/read/write timeout of [`redis_cmd`].
@@ -217,7 +219,7 @@ impl From<OwnedFrame> for Reply {
 
 /// One blocking RESP2 connection with timeouts on every operation.
 pub struct RespConn {
-    stream: TcpStream,
+    stream: Box<dyn tls::Stream>,
     buf: Vec<u8>,
     addr: SocketAddr,
 }
@@ -233,11 +235,16 @@ impl RespConn {
             .and_then(|()| stream.set_write_timeout(Some(timeout)))
             .and_then(|()| stream.set_nodelay(true))
             .map_err(|e| format!("socket options {addr}: {e}"))?;
-        Ok(RespConn {
+        Ok(RespConn::over(Box::new(stream), addr))
+    }
+
+    /// A connection over an established stream (TLS: [`RespConn::connect_tls`]).
+    pub fn over(stream: Box<dyn tls::Stream>, addr: SocketAddr) -> RespConn {
+        RespConn {
             stream,
             buf: Vec::new(),
             addr,
-        })
+        }
     }
 
     /// Send one command and read its reply. `Err` means a transport or
@@ -942,6 +949,11 @@ impl PicketProcess {
         signal_child(self.pid(), Signal::SIGCONT);
     }
 
+    /// SIGHUP (reload the configuration and the certificates).
+    pub fn sighup(&self) {
+        signal_child(self.pid(), Signal::SIGHUP);
+    }
+
     /// SIGTERM without waiting.
     pub fn sigterm(&self) {
         signal_child(self.pid(), Signal::SIGTERM);
@@ -1085,6 +1097,9 @@ pub struct ClusterPlan {
     pub resp: Vec<SocketAddr>,
     /// HTTP listen address of each daemon.
     pub http: Vec<SocketAddr>,
+    /// More lines for each daemon's `[daemon]` table (empty by default),
+    /// e.g. `enable_fault_injection = true` or TLS settings.
+    pub daemon_extra: Vec<String>,
 }
 
 impl ClusterPlan {
@@ -1094,6 +1109,7 @@ impl ClusterPlan {
             ids: Vec::new(),
             resp: Vec::new(),
             http: Vec::new(),
+            daemon_extra: vec![String::new(); n],
         };
         for i in 0..n {
             let ip = next_loopback_ip();
@@ -1138,13 +1154,22 @@ impl ClusterPlan {
             .collect();
         format!(
             "[daemon]\nid = \"{}\"\nlisten = \"{}\"\nhttp_listen = \"{}\"\ndata_dir = \"{}\"\n\
-             log_format = \"json\"\npeers = [{}]\n\n",
+             log_format = \"json\"\npeers = [{}]\n{}\n",
             self.ids[i],
             self.resp[i],
             self.http[i],
             data_dir.display(),
-            peers.join(", ")
+            peers.join(", "),
+            self.daemon_extra.get(i).map_or("", String::as_str),
         )
+    }
+
+    /// Allow `SIMULATE-FAILURE` on every daemon (crash tests).
+    pub fn with_fault_injection(mut self) -> ClusterPlan {
+        for extra in &mut self.daemon_extra {
+            extra.push_str("enable_fault_injection = true\n");
+        }
+        self
     }
 
     /// Start every daemon with `groups` (the `[[group]]` tables), peers

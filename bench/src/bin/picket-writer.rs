@@ -65,6 +65,8 @@ async fn main() -> std::process::ExitCode {
         timeout: args.timeout,
         prefix: args.prefix.clone(),
         source: args.source,
+        sentinel_tls: None,
+        sentinel_password: None,
     };
     let duration = args.duration;
     let stop = async move {

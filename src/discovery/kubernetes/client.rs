@@ -770,10 +770,7 @@ fn build_http(
             Some(name) => {
                 let name = ServerName::try_from(name.clone())
                     .map_err(|e| ClientError::TlsSetup(format!("tls-server-name {name:?}: {e}")))?;
-                Arc::new(ServerNameOverride {
-                    inner: webpki,
-                    name,
-                })
+                crate::tls::NameVerifier::new(webpki, crate::tls::NameCheck::As(name))
             }
         }
     };
@@ -811,49 +808,6 @@ fn build_http(
         .no_proxy()
         .build()
         .map_err(|e| ClientError::TlsSetup(error_chain(&e)))
-}
-
-/// Verifies the server certificate against `tls-server-name` instead of the URL host.
-#[derive(Debug)]
-struct ServerNameOverride {
-    inner: Arc<rustls::client::WebPkiServerVerifier>,
-    name: ServerName<'static>,
-}
-
-impl ServerCertVerifier for ServerNameOverride {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        self.inner
-            .verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
 }
 
 /// kubeconfig `insecure-skip-tls-verify`: any certificate is accepted, but
