@@ -320,3 +320,56 @@ fn sentinel_failover_votes_and_simulated_failures() {
         matches!(&help, Reply::Array(v) if v[0].as_str().is_some_and(|l| l.starts_with("SENTINEL <subcommand>")))
     );
 }
+
+#[test]
+fn a_restarted_daemon_never_answers_noquorum_while_its_peers_are_up() {
+    let topo = Topology::master_with_replicas(1);
+    let mut d = start_cluster(
+        topo.master.addr(),
+        &ClusterOpts {
+            daemons: 3,
+            quorum: 2,
+            ..Default::default()
+        },
+    );
+    let ckquorum = |a: SocketAddr| redis_cmd(a, &["SENTINEL", "CKQUORUM", NAME]);
+    for x in &d {
+        wait_for(
+            "CKQUORUM OK before the restart",
+            Duration::from_secs(20),
+            || ckquorum(x.resp).is_ok_and(|r| r.as_str().is_some_and(|s| s.starts_with("OK"))),
+        );
+    }
+    let a = d[0].resp;
+    d[0].proc.restart();
+    // From the first accepted connection on, every answer counts.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut conn = loop {
+        if let Ok(c) = RespConn::connect(a, Duration::from_millis(200)) {
+            break c;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted daemon never accepted a connection"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let (mut answers, mut oks) = (0, 0);
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let r = conn.cmd(&["SENTINEL", "CKQUORUM", NAME]).unwrap();
+        let text = r
+            .as_str()
+            .or_else(|| r.as_error())
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            !text.contains("NOQUORUM"),
+            "answer {answers} after the restart: {text}"
+        );
+        answers += 1;
+        oks += usize::from(text.starts_with("OK"));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(answers > 20 && oks > 0, "{answers} answers, {oks} OK");
+}

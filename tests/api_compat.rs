@@ -442,3 +442,110 @@ fn info_role_and_pubsub_match_redis_sentinel() {
     assert!(got[1][1].starts_with(">4\r\n"), "{:?}", got[1][1]);
     assert_eq!(got[0], got[1], "redis-sentinel vs picket");
 }
+
+/// The `SENTINEL REPLICAS` entry of `addr` at `at`, once listed.
+fn replica_entry(at: SocketAddr, addr: SocketAddr) -> Option<Reply> {
+    let Ok(Reply::Array(v)) = redis_cmd(at, &["SENTINEL", "REPLICAS", NAME]) else {
+        return None;
+    };
+    v.into_iter().find(|r| {
+        field(r, "ip").as_deref() == Some(addr.ip().to_string().as_str())
+            && field(r, "port").as_deref() == Some(addr.port().to_string().as_str())
+    })
+}
+
+fn master_of(at: SocketAddr) -> Option<SocketAddr> {
+    match redis_cmd(at, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", NAME]).ok()? {
+        Reply::Array(v) if v.len() == 2 => format!("{}:{}", v[0].as_str()?, v[1].as_str()?)
+            .parse()
+            .ok(),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_dead_old_master_after_a_failover_and_the_ids_look_as_in_redis_sentinel() {
+    // Two topologies, one watched by two redis-sentinels and one by two
+    // picket daemons, both failed over by a kill -9 of their master.
+    let mut real_topo = Topology::master_with_replicas(1);
+    let mut our_topo = Topology::master_with_replicas(1);
+    let (real_old, our_old) = (real_topo.master.addr(), our_topo.master.addr());
+    let real = [
+        RealSentinel::start(NAME, real_old),
+        RealSentinel::start(NAME, real_old),
+    ];
+    let picket = start_cluster(
+        our_old,
+        &ClusterOpts {
+            daemons: 2,
+            ..Default::default()
+        },
+    );
+    let (ra, oa) = (real[0].addr, picket[0].resp);
+    let peer_listed = |at: SocketAddr| matches!(redis_cmd(at, &["SENTINEL", "SENTINELS", NAME]), Ok(Reply::Array(v)) if v.len() == 1);
+    for at in [ra, oa] {
+        wait_for(
+            &format!("{at} sees its replica and its peer"),
+            Duration::from_secs(30),
+            || {
+                peer_listed(at)
+                    && replica_entry(at, real_topo.replicas[0].addr())
+                        .or_else(|| replica_entry(at, our_topo.replicas[0].addr()))
+                        .is_some()
+            },
+        );
+    }
+
+    // The ids: 40 hex digits on both sides, in MYID and in the peer list.
+    let hex40 = |s: &str| s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    for at in [ra, oa] {
+        let myid = redis_cmd(at, &["SENTINEL", "MYID"]).unwrap();
+        assert!(myid.as_str().is_some_and(hex40), "{at}: MYID {myid:?}");
+        let Reply::Array(peers) = redis_cmd(at, &["SENTINEL", "SENTINELS", NAME]).unwrap() else {
+            panic!("{at}: SENTINEL SENTINELS is not an array");
+        };
+        let runid = field(&peers[0], "runid").unwrap_or_default();
+        assert!(hex40(&runid), "{at}: peer runid {runid:?}");
+    }
+
+    real_topo.master.kill9();
+    our_topo.master.kill9();
+    for (at, old) in [(ra, real_old), (oa, our_old)] {
+        wait_for(
+            &format!("{at} failed over"),
+            Duration::from_secs(40),
+            || master_of(at).is_some_and(|m| m != old),
+        );
+        wait_for(
+            &format!("{at} lists the old master {old} as a replica, down"),
+            Duration::from_secs(20),
+            || {
+                replica_entry(at, old)
+                    .and_then(|r| field(&r, "flags"))
+                    .is_some_and(|f| f.contains("s_down"))
+            },
+        );
+    }
+    // Sentinel converts the dead old master into a replica entry of the
+    // new master: these fields say so, whatever it last reported itself.
+    let real_entry = replica_entry(ra, real_old).unwrap();
+    let our_entry = replica_entry(oa, our_old).unwrap();
+    let keys = |r: &Reply| pairs(r).into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+    assert_eq!(keys(&real_entry), keys(&our_entry), "field names and order");
+    for key in [
+        "flags",
+        "role-reported",
+        "master-link-status",
+        "master-host",
+        "master-port",
+        "slave-priority",
+        "slave-repl-offset",
+        "replica-announced",
+    ] {
+        assert_eq!(
+            field(&real_entry, key),
+            field(&our_entry, key),
+            "{key} of the converted old master\nredis-sentinel: {real_entry:?}\npicket: {our_entry:?}"
+        );
+    }
+}

@@ -46,6 +46,15 @@ impl Group {
         self.ensure_instance(&master);
         self.ensure_instance(&old);
         if old != master {
+            // Sentinel converts an old master it cannot reach into a fresh
+            // replica entry (role slave, no run id, no INFO yet); what it
+            // last reported as a master says nothing about what it will be
+            // when it comes back, and clients read `role-reported`.
+            if let Some(i) = self.instances.get_mut(&old).filter(|i| !i.connected) {
+                i.info = None;
+                i.info_at = None;
+                i.role_changed_at = Some(Instant::now());
+            }
             if let Some(from) = from {
                 self.emit(
                     EventKind::ConfigUpdateFrom,

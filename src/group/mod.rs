@@ -251,6 +251,7 @@ pub fn spawn(
             &master,
             config_epoch,
             ctx.daemons(),
+            &ctx.peer_table.snapshot(),
         ))),
         peer_rx: ctx.peer_table.subscribe(),
         master: master.clone(),

@@ -17,6 +17,7 @@ use crate::probe::info::InfoSnapshot;
 use crate::probe::{Flavour, Role};
 use crate::quorum::election::Stage;
 use crate::quorum::hello::PEER_TTL;
+use crate::quorum::table::PeerEntry;
 
 /// One instance as this daemon sees it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -92,6 +93,24 @@ pub struct PeerView {
     pub voted_epoch: u64,
     /// Its config epoch for this group (from its hello).
     pub config_epoch: Option<u64>,
+}
+
+impl PeerView {
+    /// What the peer table says of `e`, before this group's votes.
+    fn of(e: &PeerEntry, now: Instant) -> PeerView {
+        PeerView {
+            addr: e.addr.clone(),
+            id: e.id.clone(),
+            run_id: e.run_id.clone(),
+            heard: e.last_seen.is_some(),
+            reachable: e.reachable(now, PEER_TTL),
+            last_hello_ms: e.last_seen.map(|t| ms(now.saturating_duration_since(t))),
+            sees_master_down: false,
+            voted_leader: None,
+            voted_epoch: 0,
+            config_epoch: None,
+        }
+    }
 }
 
 /// A failover in progress.
@@ -287,7 +306,11 @@ impl GroupView {
         master: &Addr,
         config_epoch: u64,
         daemons: usize,
+        peers: &[PeerEntry],
     ) -> GroupView {
+        // The peers are there from the start: a client asking `CKQUORUM`
+        // before the first publication must get the start-up grace too.
+        let now = Instant::now();
         GroupView {
             name: cfg.name.clone(),
             master: master.clone(),
@@ -310,7 +333,7 @@ impl GroupView {
             failover: None,
             last_failover: None,
             instances: Vec::new(),
-            peers: Vec::new(),
+            peers: peers.iter().map(|e| PeerView::of(e, now)).collect(),
             discovery: Vec::new(),
             recorded: Vec::new(),
         }
@@ -392,16 +415,11 @@ impl Group {
             .zip(self.election.peers())
             .enumerate()
             .map(|(idx, (e, p))| PeerView {
-                addr: e.addr.clone(),
-                id: e.id.clone(),
-                run_id: e.run_id.clone(),
-                heard: e.last_seen.is_some(),
-                reachable: e.reachable(now, PEER_TTL),
-                last_hello_ms: since(e.last_seen),
                 sees_master_down: self.election.peer_sees_down(idx, now),
                 voted_leader: p.leader.clone(),
                 voted_epoch: p.leader_epoch,
                 config_epoch: e.group(&self.cfg.name).map(|g| g.config_epoch),
+                ..PeerView::of(e, now)
             })
             .collect();
         let rec = self.ctx.state.group(&self.cfg.name);
