@@ -24,6 +24,7 @@ pub mod discovery;
 mod events;
 mod failover;
 mod group;
+mod hello;
 mod http;
 mod metrics;
 pub mod probe;
@@ -261,11 +262,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
             .insert(g.name.clone(), handle);
     }
     let own = daemon.clone();
-    tasks.spawn(quorum::hello::run(
-        ctx.clone(),
-        move || own.hello(),
-        cancel.clone(),
-    ));
+    tasks.spawn(hello::run(ctx.clone(), move || own.hello(), cancel.clone()));
     let api = Arc::new(api::Api::new(
         daemon.clone(),
         api::Limits::new(max_clients),

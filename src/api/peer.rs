@@ -34,7 +34,7 @@ pub async fn picket(d: &Daemon, rest: &[String]) -> Reply {
                 Ok(h) => h,
                 Err(e) => return Reply::err(format!("ERR invalid hello: {e}")),
             };
-            if !crate::quorum::hello::receive(&d.ctx, &hello).await {
+            if !crate::hello::receive(&d.ctx, &hello).await {
                 return Reply::err(format!(
                     "ERR unknown peer {} ({}): peers are static, list it in daemon.peers",
                     hello.addr, hello.id

@@ -15,9 +15,9 @@ use crate::failover::select::{self, Candidate, SelectionLimits};
 use crate::failover::{FailoverError, NoGoodReplica};
 use crate::metrics as m;
 use crate::quorum::election::{Action, Ask, Election, Observation, Replicas};
-use crate::quorum::hello::PEER_TTL;
 use crate::quorum::peers::{IsDownQuery, IsDownReply};
 use crate::quorum::state::{StateError, Vote};
+use crate::quorum::table::PEER_TTL;
 use crate::quorum::vote::may_vote;
 use crate::resp::RespError;
 

@@ -50,8 +50,8 @@ use crate::events::EventKind;
 use crate::events::{master_details, replica_details};
 use crate::metrics as m;
 use crate::probe::{Flavour, Role};
-use crate::quorum::hello::PEER_TTL;
 use crate::quorum::peers::ReplicaSight;
+use crate::quorum::table::PEER_TTL;
 
 /// How long returning replicas get to synchronise before the fence is
 /// raised anyway (safety first: the master then refuses writes until one

@@ -13,7 +13,7 @@ use crate::addr::Addr;
 use crate::events::{Detail, EventKind};
 use crate::metrics as m;
 use crate::probe::Role;
-use crate::quorum::hello::PEER_TTL;
+use crate::quorum::table::PEER_TTL;
 use crate::resp::RespError;
 
 impl Group {

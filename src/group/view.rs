@@ -16,7 +16,7 @@ use crate::failover::machine::Kind;
 use crate::probe::info::InfoSnapshot;
 use crate::probe::{Flavour, Role};
 use crate::quorum::election::Stage;
-use crate::quorum::hello::PEER_TTL;
+use crate::quorum::table::PEER_TTL;
 use crate::quorum::table::PeerEntry;
 
 /// One instance as this daemon sees it.

@@ -2,7 +2,6 @@
 //! election, votes and epochs, and the persisted state.
 
 pub(crate) mod election;
-pub(crate) mod hello;
 pub mod peers;
 #[cfg(test)]
 mod sim;

@@ -15,6 +15,9 @@ use tokio::time::Instant;
 use crate::metrics as m;
 use crate::quorum::peers::{Hello, HelloGroup};
 
+/// How long a peer counts as reachable after it last answered.
+pub const PEER_TTL: Duration = Duration::from_secs(3);
+
 /// What this daemon knows about one peer.
 #[derive(Debug, Clone)]
 pub struct PeerEntry {

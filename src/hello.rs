@@ -1,9 +1,10 @@
 //! The hello exchange: every second (and at once after a change) this
 //! daemon sends its hello to every peer and records the hello each one
 //! sends back; a peer's own hellos arrive through `PICKET HELLO`. Both
-//! land in the [`PeerTable`](super::table::PeerTable), where each group
+//! land in the [`PeerTable`](crate::quorum::table::PeerTable), where each group
 //! task sees the configs its peers announce; the highest epoch seen is
-//! persisted.
+//! persisted. It is the daemon's, not one group's: it reads the shared
+//! context and stands above it, the groups below only read the table.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::context::DaemonCtx;
-use crate::quorum::peers::Hello;
-
-/// How long a peer counts as reachable after it last answered.
-pub const PEER_TTL: Duration = Duration::from_secs(3);
+use crate::quorum::peers::{Hello, PeerLink};
+use crate::quorum::table::PEER_TTL;
 
 /// Take in a peer's hello: remember it and adopt a higher epoch. Returns
 /// false when the sender is not a configured peer (or is this daemon).
@@ -79,7 +78,7 @@ pub async fn run(
     sends.wait().await;
 }
 
-async fn exchange(ctx: &DaemonCtx, i: usize, link: &super::peers::PeerLink, hello: &Hello) {
+async fn exchange(ctx: &DaemonCtx, i: usize, link: &PeerLink, hello: &Hello) {
     // A peer that announces another address than the one configured here
     // only recognises our hellos by id, and only after it has learnt ours
     // the same way: ask each peer for its id until it is known, so that
