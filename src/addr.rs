@@ -1,6 +1,7 @@
 //! `host:port` addresses of instances and daemons.
 
 use std::fmt;
+use std::net::IpAddr;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -36,6 +37,32 @@ impl Addr {
             host: host.into(),
             port,
         }
+    }
+}
+
+impl Addr {
+    /// Whether a server reporting `host:port` (a replica's `master_host`,
+    /// a master's replica list) means this address: the same text, or the
+    /// IP this address's name resolved to when it was last reached. A
+    /// server told a name reports it as told; one told an IP, or listing
+    /// its replicas, reports IPs.
+    pub fn is_reported_as(
+        &self,
+        resolved: Option<IpAddr>,
+        host: Option<&str>,
+        port: Option<u16>,
+    ) -> bool {
+        let (Some(host), Some(port)) = (host, port) else {
+            return false;
+        };
+        port == self.port
+            && (host == self.host
+                || resolved.is_some_and(|ip| host.parse::<IpAddr>().is_ok_and(|h| h == ip)))
+    }
+
+    /// The host as an IP, when it is one.
+    pub fn ip(&self) -> Option<IpAddr> {
+        self.host.parse().ok()
     }
 }
 
@@ -94,6 +121,20 @@ mod tests {
         let v6: Addr = "[::1]:26379".parse().unwrap();
         assert_eq!(v6.host, "::1");
         assert_eq!(v6.to_string(), "[::1]:26379");
+    }
+
+    #[test]
+    fn reported_addresses_match_the_name_or_its_ip() {
+        let named = Addr::new("redis-a", 6379);
+        let ip: IpAddr = "10.0.0.5".parse().unwrap();
+        assert!(named.is_reported_as(None, Some("redis-a"), Some(6379)));
+        assert!(named.is_reported_as(Some(ip), Some("10.0.0.5"), Some(6379)));
+        assert!(!named.is_reported_as(None, Some("10.0.0.5"), Some(6379)));
+        assert!(!named.is_reported_as(Some(ip), Some("10.0.0.5"), Some(6380)));
+        assert!(!named.is_reported_as(Some(ip), Some("10.0.0.6"), Some(6379)));
+        assert!(!named.is_reported_as(Some(ip), None, Some(6379)));
+        assert_eq!(Addr::new("::1", 1).ip(), "::1".parse().ok());
+        assert_eq!(named.ip(), None);
     }
 
     #[test]

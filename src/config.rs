@@ -208,6 +208,11 @@ pub struct GroupConfig {
     /// FLUSHALL a promoted replica before it is advertised as master.
     #[serde(default)]
     pub flush_on_failover: bool,
+    /// Give clients and servers host names as configured (Sentinel's
+    /// `announce-hostnames`); by default they get the IP a name resolved
+    /// to, as from Sentinel with `resolve-hostnames yes`.
+    #[serde(default)]
+    pub announce_hostnames: bool,
     /// ACL user for the data servers (with `password_file`).
     #[serde(default)]
     pub username: Option<String>,

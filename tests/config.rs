@@ -1554,6 +1554,7 @@ fn example_config_has_every_key() {
             failover_timeout: d,
             parallel_syncs: 1,
             flush_on_failover: true,
+            announce_hostnames: false,
             username: s(),
             password_file: p(),
             tls: Some(TlsConfig {

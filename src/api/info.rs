@@ -199,7 +199,7 @@ fn sentinel(api: &Api, out: &mut String) {
             out,
             "master{i}:name={},status={status},address={},slaves={},sentinels={}\r\n",
             v.name,
-            v.master,
+            v.announced(&v.master),
             v.replicas().count(),
             v.daemons
         );

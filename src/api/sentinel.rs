@@ -167,7 +167,7 @@ pub fn master_map(v: &GroupView) -> Reply {
     Common {
         name: &v.name,
         inst: mv,
-        addr: &v.master,
+        addr: &v.announced(&v.master),
         flags,
         failover_state: v.failover.as_ref().map(|f| f.state.as_str()),
         odown_ms: v.master_odown.then(|| v.odown_ms.unwrap_or(0)),
@@ -197,10 +197,11 @@ pub fn replica_map(v: &GroupView, i: &InstanceView) -> Reply {
         ..Default::default()
     };
     let mut b = MapBuilder::new();
+    let addr = v.announced(&i.addr);
     Common {
-        name: &format!("{}:{}", i.addr.host, i.addr.port),
+        name: &format!("{}:{}", addr.host, addr.port),
         inst: Some(i),
-        addr: &i.addr,
+        addr: &addr,
         flags,
         failover_state: None,
         odown_ms: None,
@@ -411,7 +412,8 @@ pub async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
             }
             match view(d, &rest[1]) {
                 Some(v) => {
-                    Reply::Array(vec![Reply::bulk(&v.master.host), Reply::num(v.master.port)])
+                    let m = v.announced(&v.master);
+                    Reply::Array(vec![Reply::bulk(&m.host), Reply::num(m.port)])
                 }
                 None => Reply::NullArray,
             }
@@ -467,10 +469,11 @@ pub async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
                 Ok(e) => u64::try_from(e).unwrap_or(0),
                 Err(e) => return e,
             };
-            let found = d
-                .views()
-                .into_iter()
-                .find(|v| v.master.host == *ip && i64::from(v.master.port) == port);
+            let found = d.views().into_iter().find(|v| {
+                let resolved = v.master_view().and_then(|m| m.ip);
+                u16::try_from(port)
+                    .is_ok_and(|p| v.master.is_reported_as(resolved, Some(ip), Some(p)))
+            });
             let Some(v) = found else {
                 return Reply::from(IsDownReply::not_down().to_frame());
             };
@@ -503,6 +506,7 @@ mod tests {
     fn inst(addr: &str, master: bool) -> InstanceView {
         InstanceView {
             addr: addr.parse().unwrap(),
+            ip: None,
             is_master: master,
             role: if master { Role::Master } else { Role::Replica },
             flavour: Default::default(),
@@ -539,6 +543,7 @@ mod tests {
             failover_timeout_ms: 30000,
             parallel_syncs: 1,
             flush_on_failover: false,
+            announce_hostnames: false,
             isolation_fence: None,
             status: crate::group::view::GroupStatus::Ok,
             reason: None,
@@ -725,6 +730,29 @@ mod tests {
         assert_eq!(get(&q, "flags"), "s_down,sentinel,disconnected");
         assert_eq!(get(&q, "name"), "10.0.0.9:26379");
         assert!(keys(&q).contains(&"s-down-time".to_string()));
+    }
+
+    #[test]
+    fn named_instances_are_announced_by_ip_unless_announce_hostnames() {
+        let mut v = group();
+        v.master = "redis-a:6379".parse().unwrap();
+        let mut m = inst("redis-a:6379", true);
+        m.ip = "10.0.0.9".parse().ok();
+        let mut r = inst("redis-b:6379", false);
+        r.ip = "10.0.0.10".parse().ok();
+        v.instances = vec![m, r.clone(), inst("10.0.0.11:6379", false)];
+        assert_eq!(v.announced(&v.master).to_string(), "10.0.0.9:6379");
+        assert_eq!(v.announced(&r.addr).to_string(), "10.0.0.10:6379");
+        // Not reached yet: the name is all there is.
+        assert_eq!(
+            v.announced(&"redis-c:6379".parse().unwrap()).to_string(),
+            "redis-c:6379"
+        );
+        let get = |v: &GroupView| get(&master_map(v), "ip");
+        assert_eq!(get(&v), "10.0.0.9");
+        v.announce_hostnames = true;
+        assert_eq!(v.announced(&v.master).to_string(), "redis-a:6379");
+        assert_eq!(get(&v), "redis-a");
     }
 
     #[test]

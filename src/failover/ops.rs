@@ -309,7 +309,9 @@ impl InstanceOps {
         Ok(before)
     }
 
-    /// Planned switchover from `old_master` to `candidate`. Redis/Valkey:
+    /// Planned switchover from `old_master` to `candidate`, which the
+    /// master lists among its replicas as `listed_as` (an IP when the
+    /// candidate is known by name). Redis/Valkey:
     /// `FAILOVER TO host port TIMEOUT ms` on the master (it pauses writes,
     /// waits for the replica to catch up and demotes itself first).
     /// Dragonfly: `REPLTAKEOVER secs` on the replica, with a client timeout
@@ -319,6 +321,7 @@ impl InstanceOps {
         old_master: &Addr,
         old_flavour: Flavour,
         candidate: &Addr,
+        listed_as: &Addr,
         timeout: Duration,
     ) -> Result<(), PromoteError> {
         let perr = |e: String| PromoteError::Promotion(e);
@@ -367,8 +370,8 @@ impl InstanceOps {
                 c.call([
                     "FAILOVER",
                     "TO",
-                    candidate.host.as_str(),
-                    &candidate.port.to_string(),
+                    listed_as.host.as_str(),
+                    &listed_as.port.to_string(),
                     "TIMEOUT",
                     &ms,
                 ])

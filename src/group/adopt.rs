@@ -64,11 +64,12 @@ impl Group {
                     )),
                 );
             }
+            let (o, n) = (self.wire(&old), self.wire(&master));
             self.emit(
                 EventKind::SwitchMaster,
                 &Detail::Text(format!(
                     "{} {} {} {} {}",
-                    self.cfg.name, old.host, old.port, master.host, master.port
+                    self.cfg.name, o.host, o.port, n.host, n.port
                 )),
             );
         }
@@ -187,13 +188,15 @@ impl Group {
         Topology {
             group: self.cfg.name.clone(),
             epoch: self.config_epoch,
-            master: self.master.clone(),
-            old_master,
+            // Backends get what clients get: IPs for named servers unless
+            // announce_hostnames (a pod or an EndpointSlice is found by IP).
+            master: self.wire(&self.master),
+            old_master: old_master.map(|a| self.wire(&a)),
             replicas: self
                 .instances
                 .keys()
                 .filter(|a| **a != self.master)
-                .cloned()
+                .map(|a| self.wire(a))
                 .collect(),
             reporter,
         }

@@ -77,7 +77,11 @@ impl Replicas for ReplicaSet<'_> {
         let cands: Vec<Candidate> = self
             .instances
             .values()
-            .filter(|i| i.addr != *self.master && to.is_none_or(|t| i.addr == *t))
+            .filter(|i| {
+                // `--to` may give a named server's IP.
+                i.addr != *self.master
+                    && to.is_none_or(|t| i.addr.is_reported_as(i.ip, Some(&t.host), Some(t.port)))
+            })
             .map(|i| self.candidate(i))
             .collect();
         if let Some(t) = to

@@ -100,7 +100,7 @@ impl Group {
                     let fence = Fence {
                         group: self.cfg.name.clone(),
                         epoch,
-                        old_master,
+                        old_master: self.wire(&old_master),
                     };
                     let runner = self.discovery.clone();
                     self.effects.spawn(async move {
@@ -125,10 +125,11 @@ impl Group {
                     let flavour = self.flavour_of(&old_master);
                     let timeout = (self.cfg.failover_timeout / 2)
                         .clamp(Duration::from_secs(1), Duration::from_secs(10));
-                    tracing::info!(group = %self.cfg.name, %candidate, "switching over");
+                    let listed_as = self.listed_by_master(&candidate);
+                    tracing::info!(group = %self.cfg.name, %candidate, %listed_as, "switching over");
                     self.effects.spawn(async move {
                         let r = ops
-                            .switchover(&old_master, flavour, &candidate, timeout)
+                            .switchover(&old_master, flavour, &candidate, &listed_as, timeout)
                             .await;
                         Some(Internal::Failover(epoch, Input::Promoted(r)))
                     });
@@ -146,6 +147,7 @@ impl Group {
                         EventKind::SlaveReconfSent,
                         &Detail::Replica(replica.clone()),
                     );
+                    let master = self.wire(&master);
                     self.effects.spawn(async move {
                         let r = ops
                             .repoint(&replica, flavour, &master)
@@ -168,6 +170,7 @@ impl Group {
             return;
         }
         let target = run.machine.candidate.clone();
+        let target_ip = self.ip_of(&target);
         let synced = self
             .instances
             .get(addr)
@@ -175,8 +178,7 @@ impl Group {
             .is_some_and(|i| {
                 i.role == Role::Replica
                     && i.master_link_up
-                    && i.master_host.as_deref() == Some(target.host.as_str())
-                    && i.master_port == Some(target.port)
+                    && target.is_reported_as(target_ip, i.master_host.as_deref(), i.master_port)
             });
         if synced {
             self.machine_input(Instant::now(), Input::ReplicaSynced(addr.clone()));

@@ -2,6 +2,7 @@
 //! SDOWN per instance, Sentinel's `role:slave` rule for the master, and
 //! the stall detector that forgives silences the process itself caused.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -28,6 +29,8 @@ pub(super) struct Instance {
     pub(super) last_error: Option<String>,
     pub(super) info: Option<InfoSnapshot>,
     pub(super) info_at: Option<Instant>,
+    /// The IP its name resolved to when it was last reached.
+    pub(super) ip: Option<IpAddr>,
     pub(super) role_changed_at: Option<Instant>,
     pub(super) last_action: Option<Instant>,
     pub(super) wrong_master_since: Option<Instant>,
@@ -97,6 +100,86 @@ impl Instance {
 }
 
 impl Group {
+    /// The known instance a server-reported `addr` means: itself, or the
+    /// instance whose name resolved to that IP (one server, one identity:
+    /// a master lists its replicas by IP whatever name they were
+    /// configured under).
+    pub(super) fn identify(&self, addr: &Addr) -> Addr {
+        if self.instances.contains_key(addr) {
+            return addr.clone();
+        }
+        let Some(ip) = addr.ip() else {
+            return addr.clone();
+        };
+        self.instances
+            .values()
+            .find(|i| i.addr.port == addr.port && i.addr.ip().is_none() && i.ip == Some(ip))
+            .map_or_else(|| addr.clone(), |i| i.addr.clone())
+    }
+
+    /// The IP `addr`'s name resolved to when it was last reached (its own
+    /// host when that is an IP).
+    pub(super) fn ip_of(&self, addr: &Addr) -> Option<IpAddr> {
+        self.instances
+            .get(addr)
+            .and_then(|i| i.ip)
+            .or_else(|| addr.ip())
+    }
+
+    /// How to name `addr` to a data server (`REPLICAOF`): its IP when it
+    /// is known by a name, unless `announce_hostnames` (Sentinel's
+    /// default: servers are told IPs, so what they report matches what
+    /// the master lists).
+    pub(super) fn wire(&self, addr: &Addr) -> Addr {
+        if self.cfg.announce_hostnames {
+            return addr.clone();
+        }
+        match self.ip_of(addr) {
+            Some(ip) => Addr::new(ip.to_string(), addr.port),
+            None => addr.clone(),
+        }
+    }
+
+    /// How the master's INFO lists `addr` among its replicas (what
+    /// `FAILOVER TO` must name), or [`Group::wire`] when it does not.
+    pub(super) fn listed_by_master(&self, addr: &Addr) -> Addr {
+        let ip = self.ip_of(addr);
+        self.instances
+            .get(&self.master)
+            .and_then(|m| m.info.as_ref())
+            .and_then(|info| {
+                info.replicas
+                    .iter()
+                    .find(|r| addr.is_reported_as(ip, Some(&r.ip), Some(r.port)))
+            })
+            .map_or_else(|| self.wire(addr), |r| Addr::new(r.ip.clone(), r.port))
+    }
+
+    /// The named instance `addr` now resolves to `ip`: an instance known by
+    /// that IP (listed by the master before the name was first reached) is
+    /// the same server and is forgotten, unless it is the master itself.
+    fn merge_resolved(&mut self, addr: &Addr, ip: IpAddr) {
+        if addr.ip().is_some() {
+            return;
+        }
+        let twin = Addr::new(ip.to_string(), addr.port);
+        if twin == self.master || !self.instances.contains_key(&twin) {
+            return;
+        }
+        tracing::info!(group = %self.cfg.name, instance = %addr, %twin, "one server under two addresses: keeping its name");
+        self.forget_instance(&twin);
+    }
+
+    /// Stop probing `addr` and drop what is known of it.
+    pub(super) fn forget_instance(&mut self, addr: &Addr) {
+        if let Some(i) = self.instances.remove(addr)
+            && let Some(p) = i.probe
+        {
+            p.stop();
+        }
+        self.dirty = true;
+    }
+
     /// Start probing `addr` if it is not known yet.
     pub(super) fn ensure_instance(&mut self, addr: &Addr) {
         if self.instances.contains_key(addr) {
@@ -129,6 +212,7 @@ impl Group {
                 last_error: None,
                 info: None,
                 info_at: None,
+                ip: addr.ip(),
                 role_changed_at: None,
                 last_action: None,
                 wrong_master_since: None,
@@ -172,6 +256,7 @@ impl Group {
         let mut transition = None;
         let mut new_replicas = Vec::new();
         let mut kill = false;
+        let mut resolved = None;
         match ev {
             ProbeEvent::Ping {
                 at,
@@ -211,7 +296,11 @@ impl Group {
                 inst.busy = false;
                 inst.last_error = Some(error);
             }
-            ProbeEvent::Info { at, info, .. } => {
+            ProbeEvent::Info { at, info, ip, .. } => {
+                if ip.is_some() && inst.ip != ip {
+                    resolved = ip;
+                }
+                inst.ip = ip.or(inst.ip);
                 if !inst.connected {
                     inst.connected_at = Some(at);
                     inst.connected = true;
@@ -246,7 +335,11 @@ impl Group {
         if kill {
             self.kill_script(&addr);
         }
+        if let Some(ip) = resolved {
+            self.merge_resolved(&addr, ip);
+        }
         for r in new_replicas {
+            let r = self.identify(&r);
             self.ensure_instance(&r);
         }
         // React at once to what INFO showed (a returning old master must be

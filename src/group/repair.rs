@@ -3,6 +3,7 @@
 //! of the wrong master is re-pointed — only while this daemon's view is
 //! confirmed by a majority and its own master looks sane.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -69,6 +70,8 @@ impl Group {
         // undo the failover and trigger a second one.
         let master_sane = self.reports_master_now(&master);
         let intended = self.election.intended(self.config_epoch).cloned();
+        let master_id = (master.clone(), self.ip_of(&master));
+        let intended_id = intended.as_ref().map(|a| (a.clone(), self.ip_of(a)));
         let mut demote = Vec::new();
         let mut repoint = Vec::new();
         for inst in self.instances.values_mut() {
@@ -96,13 +99,13 @@ impl Group {
                     demote.push((inst.addr.clone(), info.flavour));
                 }
                 Role::Replica if master_up => {
-                    let points_at = |a: &Addr| {
-                        info.master_host.as_deref() == Some(a.host.as_str())
-                            && info.master_port == Some(a.port)
+                    let points_at = |(a, ip): &(Addr, Option<IpAddr>)| {
+                        a.is_reported_as(*ip, info.master_host.as_deref(), info.master_port)
                     };
                     // Following the replica a leader is promoting in a newer
                     // epoch is right too: its config is on the way.
-                    let follows = points_at(&master) || intended.as_ref().is_some_and(points_at);
+                    let follows =
+                        points_at(&master_id) || intended_id.as_ref().is_some_and(points_at);
                     if follows {
                         inst.wrong_master_since = None;
                     } else {
@@ -121,7 +124,7 @@ impl Group {
             self.emit(EventKind::ConvertToSlave, &Detail::Replica(addr.clone()));
             tracing::info!(group = %self.cfg.name, instance = %addr, master = %master, "demoting a stray master");
             let ops = self.ops.clone();
-            let m = master.clone();
+            let m = self.wire(&master);
             self.effects.spawn(async move {
                 let r = ops.demote(&addr, flavour, &m).await;
                 Some(Internal::Demoted(addr, r))
@@ -130,7 +133,7 @@ impl Group {
         for (addr, flavour) in repoint {
             self.emit(EventKind::FixSlaveConfig, &Detail::Replica(addr.clone()));
             let ops = self.ops.clone();
-            let m = master.clone();
+            let m = self.wire(&master);
             let name = self.cfg.name.clone();
             self.effects.spawn(async move {
                 if let Err(e) = ops.repoint(&addr, flavour, &m).await {

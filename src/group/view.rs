@@ -22,8 +22,11 @@ use crate::quorum::table::PeerEntry;
 /// One instance as this daemon sees it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct InstanceView {
-    /// Address.
+    /// Address: its identity (the configured name, or what the master
+    /// lists).
     pub addr: Addr,
+    /// The IP its name resolved to when it was last reached.
+    pub ip: Option<std::net::IpAddr>,
     /// Whether it is the group's current master (per config, not per INFO).
     pub is_master: bool,
     /// Role it reports.
@@ -267,6 +270,8 @@ pub struct GroupView {
     pub parallel_syncs: u32,
     /// `flush_on_failover`.
     pub flush_on_failover: bool,
+    /// Clients get host names as configured, not the IPs they resolve to.
+    pub announce_hostnames: bool,
     /// Isolation fencing; None when the group has none.
     pub isolation_fence: Option<IsolationFenceView>,
     /// `starting`, `ok`, `sdown`, `odown`, `failover`, `tilt`.
@@ -321,6 +326,7 @@ impl GroupView {
             failover_timeout_ms: ms(cfg.failover_timeout),
             parallel_syncs: cfg.parallel_syncs,
             flush_on_failover: cfg.flush_on_failover,
+            announce_hostnames: cfg.announce_hostnames,
             isolation_fence: None,
             status: GroupStatus::Starting,
             reason: None,
@@ -337,6 +343,20 @@ impl GroupView {
             discovery: Vec::new(),
             recorded: Vec::new(),
         }
+    }
+
+    /// How clients are told of `addr`: as configured with
+    /// `announce_hostnames`, otherwise the IP its name resolved to (when
+    /// known), as Sentinel with `resolve-hostnames` does.
+    pub fn announced(&self, addr: &Addr) -> Addr {
+        if self.announce_hostnames || addr.ip().is_some() {
+            return addr.clone();
+        }
+        self.instances
+            .iter()
+            .find(|i| i.addr == *addr)
+            .and_then(|i| i.ip)
+            .map_or_else(|| addr.clone(), |ip| Addr::new(ip.to_string(), addr.port))
     }
 
     /// The master's instance view.
@@ -378,6 +398,7 @@ impl Group {
                 let info = i.info.as_ref().unwrap_or(&no_info);
                 InstanceView {
                     addr: i.addr.clone(),
+                    ip: i.ip,
                     is_master: i.addr == self.master,
                     role: info.role,
                     flavour: info.flavour,
@@ -463,6 +484,7 @@ impl Group {
             failover_timeout_ms: ms(self.cfg.failover_timeout),
             parallel_syncs: self.cfg.parallel_syncs,
             flush_on_failover: self.cfg.flush_on_failover,
+            announce_hostnames: self.cfg.announce_hostnames,
             isolation_fence: self.isolation_view(),
             status,
             reason: self.reason.clone(),

@@ -7,6 +7,7 @@
 pub mod info;
 pub(crate) mod sdown;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +46,9 @@ pub enum ProbeEvent {
         at: Instant,
         /// The parsed reply.
         info: Box<InfoSnapshot>,
+        /// The IP the connection reached: what the instance's name resolved
+        /// to, so that the addresses servers report are matched to it.
+        ip: Option<IpAddr>,
     },
     /// Connecting failed (or the connection broke).
     Unreachable {
@@ -280,6 +284,7 @@ async fn info_round(
         addr: s.addr.clone(),
         at,
         info: Box::new(info),
+        ip: c.peer_addr().map(|a| a.ip()),
     };
     Ok(tx.send(ev).await.is_ok())
 }

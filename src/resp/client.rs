@@ -107,6 +107,7 @@ impl Default for ClientOptions {
 pub struct Connection {
     framed: Framed<Box<dyn Io>, RespCodec>,
     command_timeout: Duration,
+    peer: Option<SocketAddr>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -174,6 +175,7 @@ impl Connection {
         })?;
         // Probes are tiny request/reply exchanges: never wait for Nagle.
         let _ = tcp.set_nodelay(true);
+        let peer = tcp.peer_addr().ok();
         let io: Box<dyn Io> = match &opts.tls {
             None => Box::new(tcp),
             Some(tls) => {
@@ -198,6 +200,7 @@ impl Connection {
         let mut conn = Connection {
             framed: Framed::new(io, RespCodec::new(opts.max_frame)),
             command_timeout: opts.command_timeout,
+            peer,
         };
         if let Some(pw) = &opts.password {
             let reply = match &opts.username {
@@ -217,6 +220,12 @@ impl Connection {
             }
         }
         Ok(conn)
+    }
+
+    /// The address this connection reached: what a host name resolved to
+    /// at this connect (the name may point elsewhere at the next one).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer
     }
 
     /// Send one command (arguments as separate bulk strings) and wait for its
