@@ -73,16 +73,11 @@ fn a_daemon_with_a_full_disk_neither_votes_nor_leads_and_serves_the_new_master()
         .unwrap_or_else(|e| panic!("tempdir: {e}"));
     let data_dir = data.path().to_path_buf();
     let data_arg = data_dir.display().to_string();
-    let mut wrapper = vec!["unshare", "--mount"];
-    if !nix::unistd::geteuid().is_root() {
-        wrapper.extend(["--user", "--map-root-user"]);
-    }
-    wrapper.extend([
-        "sh",
-        "-c",
+    let wrapper = private_mount_wrapper(
         "mount -t tmpfs -o size=64k picket-full-disk \"$0\" && exec \"$@\"",
         &data_arg,
-    ]);
+    );
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
     let resp = plan.resp.clone();
     let peer = move |_: usize, j: usize| resp[j].to_string();
     let nodes = (0..3)

@@ -25,17 +25,11 @@ fn daemon(hosts: &Path, master: &str, extra: &str) -> (PicketProcess, SocketAddr
     let ip = next_loopback_ip();
     let resp: SocketAddr = format!("{ip}:{}", free_port(&ip)).parse().unwrap();
     let http: SocketAddr = format!("{ip}:{}", free_port(&ip)).parse().unwrap();
-    let hosts_arg = hosts.display().to_string();
-    let mut wrapper = vec!["unshare", "--mount"];
-    if !nix::unistd::geteuid().is_root() {
-        wrapper.extend(["--user", "--map-root-user"]);
-    }
-    wrapper.extend([
-        "sh",
-        "-c",
+    let wrapper = private_mount_wrapper(
         "mount --bind \"$0\" /etc/hosts && exec \"$@\"",
-        &hosts_arg,
-    ]);
+        &hosts.display().to_string(),
+    );
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
     let master = master.to_string();
     let extra = extra.to_string();
     let p = PicketProcess::start_wrapped(

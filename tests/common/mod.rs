@@ -985,6 +985,20 @@ impl Drop for PicketProcess {
     }
 }
 
+/// A wrapper for [`PicketProcess::start_wrapped`]: the daemon runs in a
+/// private mount namespace of its own (`unshare --mount`, plus a user
+/// namespace when not run as root), after `sh -c script arg` set it up
+/// (the script ends with `exec "$@"`), so the machine's mounts are never
+/// touched and the mounts vanish with the process.
+pub fn private_mount_wrapper(script: &str, arg: &str) -> Vec<String> {
+    let mut w = vec!["unshare".to_string(), "--mount".to_string()];
+    if !nix::unistd::geteuid().is_root() {
+        w.extend(["--user".to_string(), "--map-root-user".to_string()]);
+    }
+    w.extend(["sh", "-c", script, arg].map(String::from));
+    w
+}
+
 // ---------------------------------------------------------------------------
 // HTTP
 
