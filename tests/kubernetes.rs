@@ -444,7 +444,11 @@ async fn endpointslice_create_update_fence() {
 
     b.fence(&fence(5, "10.0.0.2:6380")).await.unwrap();
     let s = slice(&fake);
-    assert_eq!(s["endpoints"], json!([]));
+    assert_eq!(
+        s["endpoints"],
+        Value::Null,
+        "the real API returns an empty list as null"
+    );
     assert_eq!(epoch_of(&s), Some("5"));
     fake.clear_requests();
     b.fence(&fence(5, "10.0.0.2:6380")).await.unwrap();
@@ -461,7 +465,7 @@ async fn endpointslice_fence_creates_an_empty_slice() {
     );
     b.fence(&fence(2, "10.0.0.1:6379")).await.unwrap();
     let s = slice(&fake);
-    assert_eq!(s["endpoints"], json!([]));
+    assert_eq!(s["endpoints"], Value::Null);
     assert_eq!(epoch_of(&s), Some("2"));
 }
 
@@ -561,6 +565,133 @@ async fn endpointslice_wrong_address_type_is_permanent() {
         matches!(&e, DiscoveryError::Permanent(m) if m.contains("IPv4")),
         "{e:?}"
     );
+}
+
+#[tokio::test]
+async fn endpointslice_refuses_what_the_api_refuses_before_writing() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::Endpointslice,
+    );
+    for (host, why) in [
+        ("127.0.0.2", "loopback"),
+        ("169.254.10.1", "link-local"),
+        ("0.0.0.0", "unspecified"),
+        ("224.0.0.9", "multicast"),
+        ("cache-0.cache.svc", "host names"),
+    ] {
+        let e = b
+            .publish(&topo(1, &format!("{host}:6379"), None))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, DiscoveryError::Permanent(m) if m.contains(host) && m.contains(why)),
+            "{host}: {e:?}"
+        );
+    }
+    assert!(fake.requests().is_empty(), "{:#?}", fake.requests());
+    // A fence writes no address: it still works.
+    b.fence(&fence(1, "127.0.0.2:6379")).await.unwrap();
+    assert_eq!(slice(&fake)["endpoints"], Value::Null);
+}
+
+/// POST a slice to the fake by hand; the status and the decoded body.
+async fn raw_create_slice(fake: &FakeKube, body: &Value) -> (u16, Value) {
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(fake.ca_pem().as_bytes()).unwrap())
+        .no_proxy()
+        .build()
+        .unwrap();
+    let r = http
+        .post(format!(
+            "{}/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices",
+            fake.url()
+        ))
+        .bearer_auth(DEFAULT_TOKEN)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn fake_refuses_special_addresses_with_the_real_status() {
+    let fake = FakeKube::start().await;
+    let body = |t: &str, a: &str| {
+        json!({"metadata": {"name": "s"}, "addressType": t,
+               "endpoints": [{"addresses": ["10.0.0.1"]}, {"addresses": [a]}]})
+    };
+    let (code, st) = raw_create_slice(&fake, &body("IPv4", "127.0.0.1")).await;
+    assert_eq!(code, 422, "{st}");
+    assert_eq!(st["kind"], "Status");
+    assert_eq!(st["reason"], "Invalid");
+    assert_eq!(st["code"], 422);
+    assert_eq!(
+        st["message"],
+        "EndpointSlice.discovery.k8s.io \"s\" is invalid: endpoints[1].addresses[0]: Invalid \
+         value: \"127.0.0.1\": may not be in the loopback range (127.0.0.0/8, ::1/128)"
+    );
+    assert_eq!(
+        st["details"],
+        json!({"name": "s", "group": "discovery.k8s.io", "kind": "EndpointSlice", "causes": [{
+            "reason": "FieldValueInvalid",
+            "message": "Invalid value: \"127.0.0.1\": may not be in the loopback range (127.0.0.0/8, ::1/128)",
+            "field": "endpoints[1].addresses[0]",
+        }]})
+    );
+    for (t, a, want) in [
+        (
+            "IPv4",
+            "169.254.0.1",
+            "may not be in the link-local range (169.254.0.0/16, fe80::/10)",
+        ),
+        ("IPv4", "0.0.0.0", "may not be unspecified (0.0.0.0)"),
+        (
+            "IPv4",
+            "224.0.0.251",
+            "link-local multicast range (224.0.0.0/24, ff02::/10)",
+        ),
+        ("IPv4", "fd00::1", "must be a valid IPv4 address"),
+        ("IPv4", "cache-0.example", "must be a valid IP address"),
+        ("IPv6", "::1", "may not be in the loopback range"),
+        ("IPv6", "fe80::2", "may not be in the link-local range"),
+        ("IPv6", "10.0.0.1", "must be a valid IPv6 address"),
+    ] {
+        let (code, st) = raw_create_slice(&fake, &body(t, a)).await;
+        assert_eq!(code, 422, "{a}: {st}");
+        let causes = st["details"]["causes"].as_array().unwrap();
+        assert!(
+            causes
+                .iter()
+                .any(|c| c["field"] == "endpoints[1].addresses[0]"
+                    && c["message"].as_str().unwrap().contains(want)),
+            "{a}: {st}"
+        );
+    }
+    assert!(fake.object(FakeKind::EndpointSlice, NS, "s").is_none());
+
+    // Accepted ones read back as the real server returns them: an empty
+    // list is null, missing conditions are {}.
+    let (code, st) = raw_create_slice(
+        &fake,
+        &json!({"metadata": {"name": "s"}, "addressType": "IPv4",
+                "endpoints": [{"addresses": ["198.18.0.1"]}], "ports": []}),
+    )
+    .await;
+    assert_eq!(code, 201, "{st}");
+    assert_eq!(st["endpoints"][0]["conditions"], json!({}));
+    assert_eq!(st["ports"], Value::Null);
+    let (code, st) = raw_create_slice(
+        &fake,
+        &json!({"metadata": {"name": "e"}, "addressType": "IPv6", "endpoints": []}),
+    )
+    .await;
+    assert_eq!(code, 201, "{st}");
+    assert_eq!(st["endpoints"], Value::Null);
 }
 
 // ---- retries, errors ----

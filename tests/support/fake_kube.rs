@@ -15,6 +15,13 @@
 //! - a resourceVersion bumped on every write; a stale
 //!   `metadata.resourceVersion` in a PUT or patch body gives 409 `Conflict`;
 //!   `addressType` of a slice is immutable (422);
+//! - EndpointSlice validation as the real API server's: an address of an
+//!   IPv4/IPv6 slice that is of the other family, a host name, loopback,
+//!   link-local, link-local multicast or unspecified is refused with the
+//!   real 422 `Invalid` Status (`details.causes` with the field path, e.g.
+//!   `endpoints[0].addresses[0]`, and the apiserver's message); empty
+//!   `endpoints`/`ports` read back as `null` and missing conditions as
+//!   `{}`, as the real server returns them;
 //! - faults: latency, slow requests, 429 with `Retry-After`, 5xx for the next
 //!   N requests, "another writer" touching an object just before the next
 //!   writes (so a conditional write meets a real 409), 200 answers whose
@@ -429,6 +436,11 @@ impl FakeKube {
         if obj["metadata"].get("uid").is_none() {
             obj["metadata"]["uid"] = json!(format!("uid-{name}"));
         }
+        // A test must not seed what the real API server could not hold.
+        if let Err(causes) = validate(kind, None, &obj) {
+            panic!("the API server would refuse {name}: {causes:?}");
+        }
+        normalize(kind, &mut obj);
         st.objects.insert((kind, ns.to_string(), name), obj.clone());
         obj
     }
@@ -747,9 +759,10 @@ fn route(
                     &format!("{} \"{name}\" already exists", kind.resource()),
                 );
             }
-            if let Err(m) = validate(kind, None, &obj) {
-                return status(422, "Invalid", &m);
+            if let Err(causes) = validate(kind, None, &obj) {
+                return respond(422, &invalid_body(kind, &name, &causes));
             }
+            normalize(kind, &mut obj);
             let (k, api) = kind.kind();
             obj["kind"] = json!(k);
             obj["apiVersion"] = json!(api);
@@ -827,9 +840,10 @@ fn route(
                     "the name of the object does not match the name on the URL",
                 );
             }
-            if let Err(m) = validate(kind, Some(&current), &updated) {
-                return status(422, "Invalid", &m);
+            if let Err(causes) = validate(kind, Some(&current), &updated) {
+                return respond(422, &invalid_body(kind, name, &causes));
             }
+            normalize(kind, &mut updated);
             let (k, api) = kind.kind();
             updated["kind"] = json!(k);
             updated["apiVersion"] = json!(api);
@@ -847,25 +861,219 @@ fn route(
     }
 }
 
-fn validate(kind: FakeKind, old: Option<&Value>, new: &Value) -> Result<(), String> {
+/// One field the fake's validation refuses, as a `details.causes` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    /// `FieldValueInvalid`, `FieldValueNotSupported`, ...
+    pub reason: &'static str,
+    /// The field path, e.g. `endpoints[0].addresses[0]`.
+    pub field: String,
+    /// `Invalid value: "127.0.0.1": may not be in the loopback range ...`.
+    pub message: String,
+}
+
+fn invalid(field: String, value: &Value, why: &str) -> Cause {
+    let shown = match value {
+        Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    };
+    Cause {
+        reason: "FieldValueInvalid",
+        field,
+        message: format!("Invalid value: {shown}: {why}"),
+    }
+}
+
+/// The apiserver's `ValidateNonSpecialIP` (pkg/apis/core/validation), as
+/// applied to the addresses of an IPv4 or IPv6 EndpointSlice, after the
+/// address-family check.
+fn validate_slice_address(address_type: &str, field: String, raw: &Value) -> Vec<Cause> {
+    let mut out = Vec::new();
+    let text = raw.as_str().unwrap_or_default();
+    let parsed: Option<std::net::IpAddr> = text.parse().ok();
+    let family_ok = matches!(
+        (address_type, parsed),
+        ("IPv4", Some(std::net::IpAddr::V4(_))) | ("IPv6", Some(std::net::IpAddr::V6(_)))
+    );
+    if !family_ok {
+        let want = if address_type == "IPv4" {
+            "must be a valid IPv4 address"
+        } else {
+            "must be a valid IPv6 address"
+        };
+        out.push(invalid(field.clone(), raw, want));
+    }
+    let Some(ip) = parsed else {
+        out.push(invalid(field, raw, "must be a valid IP address"));
+        return out;
+    };
+    if ip.is_unspecified() {
+        out.push(invalid(
+            field.clone(),
+            raw,
+            &format!("may not be unspecified ({text})"),
+        ));
+    }
+    if ip.is_loopback() {
+        out.push(invalid(
+            field.clone(),
+            raw,
+            "may not be in the loopback range (127.0.0.0/8, ::1/128)",
+        ));
+    }
+    let (link_local, ll_multicast) = match ip {
+        std::net::IpAddr::V4(v4) => (v4.is_link_local(), v4.octets()[..3] == [224, 0, 0]),
+        std::net::IpAddr::V6(v6) => {
+            let s0 = v6.segments()[0];
+            (s0 & 0xffc0 == 0xfe80, s0 & 0xff0f == 0xff02)
+        }
+    };
+    if link_local {
+        out.push(invalid(
+            field.clone(),
+            raw,
+            "may not be in the link-local range (169.254.0.0/16, fe80::/10)",
+        ));
+    }
+    if ll_multicast {
+        out.push(invalid(
+            field,
+            raw,
+            "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)",
+        ));
+    }
+    out
+}
+
+fn validate(kind: FakeKind, old: Option<&Value>, new: &Value) -> Result<(), Vec<Cause>> {
     if kind != FakeKind::EndpointSlice {
         return Ok(());
     }
+    let mut causes = Vec::new();
     let at = new["addressType"].as_str();
     if !matches!(at, Some("IPv4" | "IPv6" | "FQDN")) {
-        return Err(format!("addressType: Unsupported value: {at:?}"));
+        causes.push(Cause {
+            reason: "FieldValueNotSupported",
+            field: "addressType".into(),
+            message: format!(
+                "Unsupported value: {}: supported values: \"FQDN\", \"IPv4\", \"IPv6\"",
+                new["addressType"]
+            ),
+        });
     }
     if let Some(old) = old
         && old["addressType"] != new["addressType"]
     {
-        return Err("addressType: Invalid value: field is immutable".into());
+        causes.push(invalid(
+            "addressType".into(),
+            &new["addressType"],
+            "field is immutable",
+        ));
     }
-    if let Some(labels) = new["metadata"]["labels"].as_object()
-        && labels.values().any(|v| !v.is_string())
-    {
-        return Err("metadata.labels: values must be strings".into());
+    if let Some(labels) = new["metadata"]["labels"].as_object() {
+        for (k, v) in labels {
+            if !v.is_string() {
+                causes.push(invalid(
+                    format!("metadata.labels[{k}]"),
+                    v,
+                    "values must be strings",
+                ));
+            }
+        }
     }
-    Ok(())
+    if let Some(at @ ("IPv4" | "IPv6")) = at {
+        for (i, ep) in new["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let addrs = ep["addresses"].as_array().cloned().unwrap_or_default();
+            if addrs.is_empty() {
+                causes.push(Cause {
+                    reason: "FieldValueRequired",
+                    field: format!("endpoints[{i}].addresses"),
+                    message: "Required value: must contain at least 1 address".into(),
+                });
+            }
+            for (j, a) in addrs.iter().enumerate() {
+                causes.extend(validate_slice_address(
+                    at,
+                    format!("endpoints[{i}].addresses[{j}]"),
+                    a,
+                ));
+            }
+        }
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(causes)
+    }
+}
+
+/// The 422 `Invalid` Status the real API server answers for `causes`.
+pub fn invalid_body(kind: FakeKind, name: &str, causes: &[Cause]) -> Value {
+    let (k, api) = kind.kind();
+    let group = api.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+    let qualified = if group.is_empty() {
+        k.to_string()
+    } else {
+        format!("{k}.{group}")
+    };
+    let each: Vec<String> = causes
+        .iter()
+        .map(|c| format!("{}: {}", c.field, c.message))
+        .collect();
+    let joined = if each.len() == 1 {
+        each[0].clone()
+    } else {
+        format!("[{}]", each.join(", "))
+    };
+    let mut body = status_body(
+        422,
+        "Invalid",
+        &format!("{qualified} {name:?} is invalid: {joined}"),
+    );
+    body["details"] = json!({
+        "name": name,
+        "group": group,
+        "kind": k,
+        "causes": causes.iter().map(|c| json!({
+            "reason": c.reason, "message": c.message, "field": c.field,
+        })).collect::<Vec<_>>(),
+    });
+    body
+}
+
+/// What the real API server stores and returns for a slice: empty
+/// `endpoints` and `ports` lists read back as `null` (the Go types have
+/// no `omitempty`, and an empty list does not survive storage), missing
+/// or null conditions as `{}`.
+fn normalize(kind: FakeKind, obj: &mut Value) {
+    if kind != FakeKind::EndpointSlice {
+        return;
+    }
+    for list in ["endpoints", "ports"] {
+        match obj.get(list) {
+            Some(Value::Array(a)) if a.is_empty() => obj[list] = Value::Null,
+            None => obj[list] = Value::Null,
+            _ => {}
+        }
+    }
+    if let Some(eps) = obj["endpoints"].as_array_mut() {
+        for ep in eps {
+            let mut c = ep
+                .get("conditions")
+                .cloned()
+                .filter(Value::is_object)
+                .unwrap_or_else(|| json!({}));
+            if let Some(m) = c.as_object_mut() {
+                m.retain(|_, v| !v.is_null());
+            }
+            ep["conditions"] = c;
+        }
+    }
 }
 
 fn labels_of(o: &Value) -> BTreeMap<String, String> {
