@@ -26,6 +26,10 @@
 //!   N requests, "another writer" touching an object just before the next
 //!   writes (so a conditional write meets a real 409), 200 answers whose
 //!   body is garbage (truncated JSON, HTML, JSON of the wrong shape);
+//! - the endpoint-slice controller, for Services added with
+//!   [`FakeKube::add_service`]: their EndpointSlice follows the selected
+//!   pods' labels, IPs and readiness after a configurable lag, or not at
+//!   all while "stuck"; every change is recorded with its time;
 //! - a request log (method, path, query, content type, body, status, time);
 //! - a hook run on every request as it arrives, before it is answered (a
 //!   test can look at the world at the exact moment of a write);
@@ -140,6 +144,33 @@ struct State {
     log: Vec<LoggedRequest>,
     next_log_id: u64,
     hook: Option<RequestHook>,
+    services: Vec<FakeService>,
+    controller_lag: Duration,
+    controller_stuck: bool,
+    controller_wake: Arc<tokio::sync::Notify>,
+    slice_history: Vec<SliceChange>,
+}
+
+/// A Service with a selector, whose EndpointSlice the fake's controller keeps.
+#[derive(Debug, Clone)]
+struct FakeService {
+    ns: String,
+    name: String,
+    selector: BTreeMap<String, String>,
+    port: u16,
+}
+
+/// One write of the fake's endpoint-slice controller.
+#[derive(Debug, Clone)]
+pub struct SliceChange {
+    /// When it was written.
+    pub at: Instant,
+    /// The Service.
+    pub service: String,
+    /// Every address the slice lists after the write.
+    pub addresses: Vec<String>,
+    /// The addresses listed as ready.
+    pub ready: Vec<String>,
 }
 
 impl State {
@@ -157,6 +188,7 @@ pub struct FakeKube {
     state: Arc<Mutex<State>>,
     down: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    controller: tokio::task::JoinHandle<()>,
 }
 
 /// Resolves once `rx` holds `want`.
@@ -168,6 +200,7 @@ async fn until(rx: &mut tokio::sync::watch::Receiver<bool>, want: bool) {
 impl Drop for FakeKube {
     fn drop(&mut self) {
         self.task.abort();
+        self.controller.abort();
     }
 }
 
@@ -253,6 +286,7 @@ impl FakeKube {
             ..State::default()
         }));
         let (down, down_rx) = tokio::sync::watch::channel(false);
+        let controller = tokio::spawn(run_controller(state.clone()));
         let st = state.clone();
         let task = tokio::spawn(async move {
             let mut listener = Some(listener);
@@ -315,6 +349,7 @@ impl FakeKube {
             state,
             down,
             task,
+            controller,
         }
     }
 
@@ -410,6 +445,58 @@ impl FakeKube {
         )
     }
 
+    /// Play the endpoint-slice controller for a Service with `selector`:
+    /// its EndpointSlice `<name>-ctrl` (label
+    /// `kubernetes.io/service-name=<name>`) lists every pod of `ns` whose
+    /// labels match and that has a pod IP, ready when the pod is (its
+    /// `Ready` condition; a Running pod without conditions counts as
+    /// ready), [`FakeKube::set_controller_lag`] after each pod change.
+    pub fn add_service(&self, ns: &str, name: &str, selector: &[(&str, &str)], port: u16) {
+        let mut st = self.st();
+        st.services.push(FakeService {
+            ns: ns.to_string(),
+            name: name.to_string(),
+            selector: selector
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            port,
+        });
+        st.controller_wake.notify_one();
+    }
+
+    /// How long the controller takes to follow a pod change (a real one:
+    /// 3–50 ms).
+    pub fn set_controller_lag(&self, lag: Duration) {
+        self.st().controller_lag = lag;
+    }
+
+    /// A stuck controller follows nothing until it is unstuck.
+    pub fn set_controller_stuck(&self, stuck: bool) {
+        let mut st = self.st();
+        st.controller_stuck = stuck;
+        st.controller_wake.notify_one();
+    }
+
+    /// Every write of the controller so far.
+    pub fn slice_history(&self) -> Vec<SliceChange> {
+        self.st().slice_history.clone()
+    }
+
+    /// Mark a pod ready or not (its `Ready` condition), as the kubelet would.
+    pub fn set_pod_ready(&self, ns: &str, name: &str, ready: bool) {
+        let mut st = self.st();
+        let rv = st.next_rv();
+        let pod = st
+            .objects
+            .get_mut(&(FakeKind::Pod, ns.to_string(), name.to_string()))
+            .unwrap();
+        pod["status"]["conditions"] =
+            json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
+        pod["metadata"]["resourceVersion"] = json!(rv);
+        st.controller_wake.notify_one();
+    }
+
     /// Seed a pod with an IP and labels; returns it.
     pub fn add_pod(&self, ns: &str, name: &str, ip: &str, labels: &[(&str, &str)]) -> Value {
         let labels: serde_json::Map<String, Value> = labels
@@ -442,6 +529,9 @@ impl FakeKube {
         }
         normalize(kind, &mut obj);
         st.objects.insert((kind, ns.to_string(), name), obj.clone());
+        if kind == FakeKind::Pod {
+            st.controller_wake.notify_one();
+        }
         obj
     }
 
@@ -487,6 +577,108 @@ impl FakeKube {
     /// Forget the request log.
     pub fn clear_requests(&self) {
         self.st().log.clear();
+    }
+}
+
+// ---- the endpoint-slice controller ----
+
+async fn run_controller(state: Arc<Mutex<State>>) {
+    let wake = state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .controller_wake
+        .clone();
+    loop {
+        wake.notified().await;
+        let lag = state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .controller_lag;
+        if !lag.is_zero() {
+            tokio::time::sleep(lag).await;
+        }
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        if !st.controller_stuck {
+            reconcile(&mut st);
+        }
+    }
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    match pod["status"]["conditions"].as_array() {
+        Some(cs) => cs
+            .iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+        None => pod["status"]["phase"] == "Running",
+    }
+}
+
+/// Make every Service's slice list the pods it selects now.
+fn reconcile(st: &mut State) {
+    let services = st.services.clone();
+    for svc in services {
+        let sel = Selector(
+            svc.selector
+                .iter()
+                .map(|(k, v)| Req::Eq(k.clone(), v.clone()))
+                .collect(),
+        );
+        let endpoints: Vec<Value> = st
+            .objects
+            .iter()
+            .filter(|((k, n, _), _)| *k == FakeKind::Pod && *n == svc.ns)
+            .map(|(_, p)| p)
+            .filter(|p| sel.matches(&labels_of(p)) && p["status"]["podIP"].is_string())
+            .map(|p| {
+                let ready = pod_ready(p);
+                let terminating = !p["metadata"]["deletionTimestamp"].is_null();
+                json!({
+                    "addresses": [p["status"]["podIP"]],
+                    "conditions": {"ready": ready && !terminating, "serving": ready,
+                                   "terminating": terminating},
+                    "targetRef": {"kind": "Pod", "namespace": svc.ns,
+                                  "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]},
+                })
+            })
+            .collect();
+        let name = format!("{}-ctrl", svc.name);
+        let key = (FakeKind::EndpointSlice, svc.ns.clone(), name.clone());
+        let mut slice = json!({
+            "kind": "EndpointSlice",
+            "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {
+                "name": name, "namespace": svc.ns, "uid": format!("uid-{name}"),
+                "labels": {
+                    "kubernetes.io/service-name": svc.name,
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                },
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "redis", "port": svc.port, "protocol": "TCP"}],
+            "endpoints": endpoints,
+        });
+        normalize(FakeKind::EndpointSlice, &mut slice);
+        if st.objects.get(&key).map(|o| &o["endpoints"]) == Some(&slice["endpoints"]) {
+            continue;
+        }
+        slice["metadata"]["resourceVersion"] = json!(st.next_rv());
+        let addrs = |ready_only: bool| -> Vec<String> {
+            slice["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| !ready_only || e["conditions"]["ready"] == true)
+                .filter_map(|e| e["addresses"][0].as_str().map(str::to_string))
+                .collect()
+        };
+        let change = SliceChange {
+            at: Instant::now(),
+            service: svc.name.clone(),
+            addresses: addrs(false),
+            ready: addrs(true),
+        };
+        st.slice_history.push(change);
+        st.objects.insert(key, slice);
     }
 }
 
@@ -602,6 +794,9 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
     let mut st = state.lock().unwrap();
     if let Some(entry) = st.log.iter_mut().find(|r| r.id == id) {
         entry.status = resp.status().as_u16();
+    }
+    if method != "GET" && resp.status().is_success() && path.contains("/pods") {
+        st.controller_wake.notify_one();
     }
     drop(st);
     resp
