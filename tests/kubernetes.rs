@@ -1459,6 +1459,12 @@ async fn pod_labels_fence_and_publish_wait_for_the_service() {
         fake.clear_requests();
         b.publish(&topo(2, "10.0.0.2:6379", None)).await.unwrap();
         assert!(fake.writes().is_empty(), "{:#?}", fake.writes());
+        let ua = format!("picket/{}", env!("CARGO_PKG_VERSION"));
+        let reqs = fake.requests();
+        assert!(!reqs.is_empty());
+        for r in &reqs {
+            assert_eq!(r.user_agent.as_deref(), Some(ua.as_str()), "{r:?}");
+        }
     }
 }
 

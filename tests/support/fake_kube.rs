@@ -106,6 +106,8 @@ pub struct LoggedRequest {
     pub query: Option<String>,
     /// Content-Type header, if any.
     pub content_type: Option<String>,
+    /// User-Agent header, if any.
+    pub user_agent: Option<String>,
     /// The body as text.
     pub body: String,
     /// The status the fake answered; 0 while unanswered (or when the
@@ -734,6 +736,7 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
             .map(str::to_string)
     };
     let content_type = header("content-type");
+    let user_agent = header("user-agent");
     let authorization = header("authorization");
     let body = req
         .into_body()
@@ -755,6 +758,7 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
             path: path.clone(),
             query: query.clone(),
             content_type: content_type.clone(),
+            user_agent,
             body: body.clone(),
             status: 0,
             at,
