@@ -1547,6 +1547,15 @@ fn failover_publishes_to_every_backend_in_gated_order() {
         "{:#?}",
         env.fake.requests()
     );
+    // The figure of issue 13: writes of three daemons publishing one outcome.
+    let after: Vec<LoggedRequest> = env.requests();
+    let patches = after.iter().filter(|r| r.method == "PATCH").count();
+    let conflicts = after.iter().filter(|r| r.status == 409).count();
+    eprintln!(
+        "writes per failover (3 daemons, pod-labels + endpointslice): {patches} PATCH, \
+         {conflicts} answered 409, {} POST",
+        after.iter().filter(|r| r.method == "POST").count()
+    );
     let web = env.fake.object(FakeKind::Pod, NS, "web-0").unwrap();
     assert_eq!(web["metadata"]["labels"]["role"], "master");
     assert!(web["metadata"]["annotations"].is_null(), "{web}");
