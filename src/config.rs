@@ -352,6 +352,11 @@ pub struct KubernetesConfig {
     /// Per-request timeout.
     #[serde(with = "humantime_serde", default = "default_k8s_timeout")]
     pub timeout: Duration,
+    /// pod-labels with `service`: how long the fence waits for the old
+    /// master to leave the Service's EndpointSlices, and the publication
+    /// for the new one to appear there.
+    #[serde(with = "humantime_serde", default = "default_service_gate_timeout")]
+    pub service_gate_timeout: Duration,
 }
 
 /// `type = "exec"`.
@@ -482,6 +487,10 @@ fn default_port_name() -> String {
 fn default_true() -> bool {
     true
 }
+fn default_service_gate_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
 fn default_k8s_timeout() -> Duration {
     Duration::from_secs(2)
 }
@@ -1558,16 +1567,21 @@ impl KubernetesConfig {
             dns_label_problem(&self.namespace, false),
         );
         match self.mode {
-            KubernetesMode::PodLabels => match self.pod_selector.as_deref() {
-                None => v.add(
-                    format!("{key}.pod_selector"),
-                    "is required when mode is \"pod-labels\"",
-                ),
-                Some(s) if s.trim().is_empty() => {
-                    v.add(format!("{key}.pod_selector"), "must not be empty")
+            KubernetesMode::PodLabels => {
+                match self.pod_selector.as_deref() {
+                    None => v.add(
+                        format!("{key}.pod_selector"),
+                        "is required when mode is \"pod-labels\"",
+                    ),
+                    Some(s) if s.trim().is_empty() => {
+                        v.add(format!("{key}.pod_selector"), "must not be empty")
+                    }
+                    Some(_) => {}
                 }
-                Some(_) => {}
-            },
+                if let Some(s) = self.service.as_deref() {
+                    v.check(format!("{key}.service"), dns_label_problem(s, true));
+                }
+            }
             KubernetesMode::Endpointslice => {
                 match self.service.as_deref() {
                     None => v.add(
@@ -1601,6 +1615,10 @@ impl KubernetesConfig {
             );
         }
         v.positive(format!("{key}.timeout"), self.timeout);
+        v.positive(
+            format!("{key}.service_gate_timeout"),
+            self.service_gate_timeout,
+        );
     }
 }
 

@@ -320,6 +320,9 @@ pub fn start_group(
 ) -> Result<group::GroupHandle, String> {
     let built = discovery::build(g)?;
     metrics::register_group(&g.name, built.backends.iter().map(|b| b.kind()));
+    for b in built.backends.iter().filter(|b| b.service_gate().is_some()) {
+        metrics::register_gate(b.kind());
+    }
     let runner = Arc::new(discovery::runner::DiscoveryRunner::new(
         g.name.clone(),
         built.backends,

@@ -74,6 +74,10 @@ pub const API_AUTH_FAILURES: &str = "picket_api_auth_failures_total";
 pub const DISCOVERY_WRITES: &str = "picket_discovery_writes_total";
 /// Histogram `{backend}`: discovery write latency.
 pub const DISCOVERY_WRITE_DURATION: &str = "picket_discovery_write_duration_seconds";
+/// Histogram: how long a Kubernetes fence or publication waited for the
+/// Service's EndpointSlices (`backend`, `gate` = fence|publish, `result` =
+/// ok|timeout|error); only for pod-labels backends with `service`.
+pub const DISCOVERY_GATE_WAIT: &str = "picket_discovery_gate_wait_seconds";
 
 /// Gauge: 1 while `data_dir/state.json` can be written, 0 after a write
 /// failed (the daemon then neither votes nor starts elections).
@@ -194,6 +198,10 @@ pub fn describe() {
         DISCOVERY_WRITE_DURATION,
         "Latency of writes to service-discovery backends"
     );
+    describe_histogram!(
+        DISCOVERY_GATE_WAIT,
+        "Time a fence or publication waited for the Service's EndpointSlices"
+    );
 }
 
 /// Install the Prometheus recorder for this process and describe the metrics.
@@ -257,6 +265,18 @@ pub fn register_group<'a>(group: &str, backends: impl IntoIterator<Item = &'a st
                 .increment(0);
         }
         let _ = metrics::histogram!(DISCOVERY_WRITE_DURATION, "backend" => kind);
+    }
+}
+
+/// Register the Service-gate histograms of a backend `kind` that has one
+/// (pod-labels with `service`), for every gate and result, so that the
+/// panels have series before the first failover.
+pub fn register_gate(kind: &str) {
+    for gate in crate::discovery::kubernetes::gate::GATE_KINDS {
+        for result in crate::discovery::kubernetes::gate::GATE_RESULTS {
+            let _ = metrics::histogram!(DISCOVERY_GATE_WAIT, "backend" => kind.to_string(),
+                "gate" => *gate, "result" => *result);
+        }
     }
 }
 

@@ -1333,6 +1333,12 @@ impl Drop for Background {
 fn run_chaos(mode: Mode) {
     let flush = mode == Mode::Flush;
     let _serial = serial();
+    // The servers on 198.18.x.y in a network namespace of the run's own:
+    // the EndpointSlice backend refuses loopback addresses, as a real API
+    // server does. Everything started from this thread is inside it.
+    if let Err(e) = enter_own_netns() {
+        panic!("chaos needs a network namespace of its own (run as root): {e}");
+    }
     let seed = env_u64("PICKET_CHAOS_SEED", DEFAULT_SEED);
     let duration = Duration::from_secs(env_u64("PICKET_CHAOS_DURATION", DEFAULT_DURATION_SECS));
     eprintln!(

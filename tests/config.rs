@@ -1582,6 +1582,7 @@ fn example_config_has_every_key() {
                     port_name: "x".into(),
                     required: true,
                     timeout: d,
+                    service_gate_timeout: d,
                 }),
                 DiscoveryConfig::Exec(ExecConfig {
                     command: vec!["x".into()],

@@ -1,6 +1,8 @@
 //! End-to-end tests of service discovery: three picket daemons (real
 //! processes), a real redis-server master and two replicas on their own
-//! loopback addresses, the fake Kubernetes API server (in this process,
+//! 198.18.x.y addresses in a network namespace of the test's own (a real
+//! API server, and picket, refuse loopback addresses in an EndpointSlice;
+//! needs root), the fake Kubernetes API server (in this process,
 //! HTTPS with its own CA), a webhook receiver (in this process), and every
 //! daemon configured with five backends: Kubernetes `pod-labels`,
 //! Kubernetes `endpointslice`, a file, a program (exec) and the webhook.
@@ -535,6 +537,14 @@ fn pod(i: usize) -> String {
 
 impl Env {
     fn start(opts: Opts) -> Env {
+        // The servers get 198.18.x.y addresses in a network namespace of
+        // this test's own: picket's endpointslice mode refuses loopback
+        // addresses, as a real API server does. Everything this thread
+        // starts from here on (the runtime, the servers, the daemons) is
+        // in that namespace.
+        if let Err(e) = enter_own_netns() {
+            panic!("discovery_e2e needs a network namespace of its own (run as root): {e}");
+        }
         picket::tls::install_crypto_provider();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -1536,6 +1546,15 @@ fn failover_publishes_to_every_backend_in_gated_order() {
         env.k8s_published(new, c.epoch),
         "{:#?}",
         env.fake.requests()
+    );
+    // The figure of issue 13: writes of three daemons publishing one outcome.
+    let after: Vec<LoggedRequest> = env.requests();
+    let patches = after.iter().filter(|r| r.method == "PATCH").count();
+    let conflicts = after.iter().filter(|r| r.status == 409).count();
+    eprintln!(
+        "writes per failover (3 daemons, pod-labels + endpointslice): {patches} PATCH, \
+         {conflicts} answered 409, {} POST",
+        after.iter().filter(|r| r.method == "POST").count()
     );
     let web = env.fake.object(FakeKind::Pod, NS, "web-0").unwrap();
     assert_eq!(web["metadata"]["labels"]["role"], "master");

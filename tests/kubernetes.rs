@@ -13,6 +13,7 @@ use fake_kube::{DEFAULT_TOKEN, FakeKind, FakeKube, GARBAGE, LoggedRequest, unrel
 use picket::addr::Addr;
 use picket::config::{KubernetesConfig, KubernetesMode};
 use picket::discovery::kubernetes::client::{Kind, KubeClient, PatchType, RetryPolicy};
+use picket::discovery::kubernetes::gate::GateResult;
 use picket::discovery::kubernetes::kubeconfig::{ClusterConfig, InClusterSource};
 use picket::discovery::kubernetes::{EPOCH_ANNOTATION, KubernetesBackend};
 use picket::discovery::{Backend, DiscoveryError, Fence, Reporter, Topology};
@@ -30,10 +31,12 @@ fn cfg(kubeconfig: &Path, mode: KubernetesMode) -> KubernetesConfig {
         role_label: "role".into(),
         master_value: "master".into(),
         replica_value: "replica".into(),
-        service: Some("cache".into()),
+        // In pod-labels mode a Service turns on the gate (tests of it set one).
+        service: (mode == KubernetesMode::Endpointslice).then(|| "cache".into()),
         port_name: "redis".into(),
         required: true,
         timeout: Duration::from_secs(2),
+        service_gate_timeout: Duration::from_secs(3),
     }
 }
 
@@ -444,7 +447,11 @@ async fn endpointslice_create_update_fence() {
 
     b.fence(&fence(5, "10.0.0.2:6380")).await.unwrap();
     let s = slice(&fake);
-    assert_eq!(s["endpoints"], json!([]));
+    assert_eq!(
+        s["endpoints"],
+        Value::Null,
+        "the real API returns an empty list as null"
+    );
     assert_eq!(epoch_of(&s), Some("5"));
     fake.clear_requests();
     b.fence(&fence(5, "10.0.0.2:6380")).await.unwrap();
@@ -461,7 +468,7 @@ async fn endpointslice_fence_creates_an_empty_slice() {
     );
     b.fence(&fence(2, "10.0.0.1:6379")).await.unwrap();
     let s = slice(&fake);
-    assert_eq!(s["endpoints"], json!([]));
+    assert_eq!(s["endpoints"], Value::Null);
     assert_eq!(epoch_of(&s), Some("2"));
 }
 
@@ -561,6 +568,133 @@ async fn endpointslice_wrong_address_type_is_permanent() {
         matches!(&e, DiscoveryError::Permanent(m) if m.contains("IPv4")),
         "{e:?}"
     );
+}
+
+#[tokio::test]
+async fn endpointslice_refuses_what_the_api_refuses_before_writing() {
+    let fake = FakeKube::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::Endpointslice,
+    );
+    for (host, why) in [
+        ("127.0.0.2", "loopback"),
+        ("169.254.10.1", "link-local"),
+        ("0.0.0.0", "unspecified"),
+        ("224.0.0.9", "multicast"),
+        ("cache-0.cache.svc", "host names"),
+    ] {
+        let e = b
+            .publish(&topo(1, &format!("{host}:6379"), None))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, DiscoveryError::Permanent(m) if m.contains(host) && m.contains(why)),
+            "{host}: {e:?}"
+        );
+    }
+    assert!(fake.requests().is_empty(), "{:#?}", fake.requests());
+    // A fence writes no address: it still works.
+    b.fence(&fence(1, "127.0.0.2:6379")).await.unwrap();
+    assert_eq!(slice(&fake)["endpoints"], Value::Null);
+}
+
+/// POST a slice to the fake by hand; the status and the decoded body.
+async fn raw_create_slice(fake: &FakeKube, body: &Value) -> (u16, Value) {
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(fake.ca_pem().as_bytes()).unwrap())
+        .no_proxy()
+        .build()
+        .unwrap();
+    let r = http
+        .post(format!(
+            "{}/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices",
+            fake.url()
+        ))
+        .bearer_auth(DEFAULT_TOKEN)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn fake_refuses_special_addresses_with_the_real_status() {
+    let fake = FakeKube::start().await;
+    let body = |t: &str, a: &str| {
+        json!({"metadata": {"name": "s"}, "addressType": t,
+               "endpoints": [{"addresses": ["10.0.0.1"]}, {"addresses": [a]}]})
+    };
+    let (code, st) = raw_create_slice(&fake, &body("IPv4", "127.0.0.1")).await;
+    assert_eq!(code, 422, "{st}");
+    assert_eq!(st["kind"], "Status");
+    assert_eq!(st["reason"], "Invalid");
+    assert_eq!(st["code"], 422);
+    assert_eq!(
+        st["message"],
+        "EndpointSlice.discovery.k8s.io \"s\" is invalid: endpoints[1].addresses[0]: Invalid \
+         value: \"127.0.0.1\": may not be in the loopback range (127.0.0.0/8, ::1/128)"
+    );
+    assert_eq!(
+        st["details"],
+        json!({"name": "s", "group": "discovery.k8s.io", "kind": "EndpointSlice", "causes": [{
+            "reason": "FieldValueInvalid",
+            "message": "Invalid value: \"127.0.0.1\": may not be in the loopback range (127.0.0.0/8, ::1/128)",
+            "field": "endpoints[1].addresses[0]",
+        }]})
+    );
+    for (t, a, want) in [
+        (
+            "IPv4",
+            "169.254.0.1",
+            "may not be in the link-local range (169.254.0.0/16, fe80::/10)",
+        ),
+        ("IPv4", "0.0.0.0", "may not be unspecified (0.0.0.0)"),
+        (
+            "IPv4",
+            "224.0.0.251",
+            "link-local multicast range (224.0.0.0/24, ff02::/10)",
+        ),
+        ("IPv4", "fd00::1", "must be a valid IPv4 address"),
+        ("IPv4", "cache-0.example", "must be a valid IP address"),
+        ("IPv6", "::1", "may not be in the loopback range"),
+        ("IPv6", "fe80::2", "may not be in the link-local range"),
+        ("IPv6", "10.0.0.1", "must be a valid IPv6 address"),
+    ] {
+        let (code, st) = raw_create_slice(&fake, &body(t, a)).await;
+        assert_eq!(code, 422, "{a}: {st}");
+        let causes = st["details"]["causes"].as_array().unwrap();
+        assert!(
+            causes
+                .iter()
+                .any(|c| c["field"] == "endpoints[1].addresses[0]"
+                    && c["message"].as_str().unwrap().contains(want)),
+            "{a}: {st}"
+        );
+    }
+    assert!(fake.object(FakeKind::EndpointSlice, NS, "s").is_none());
+
+    // Accepted ones read back as the real server returns them: an empty
+    // list is null, missing conditions are {}.
+    let (code, st) = raw_create_slice(
+        &fake,
+        &json!({"metadata": {"name": "s"}, "addressType": "IPv4",
+                "endpoints": [{"addresses": ["198.18.0.1"]}], "ports": []}),
+    )
+    .await;
+    assert_eq!(code, 201, "{st}");
+    assert_eq!(st["endpoints"][0]["conditions"], json!({}));
+    assert_eq!(st["ports"], Value::Null);
+    let (code, st) = raw_create_slice(
+        &fake,
+        &json!({"metadata": {"name": "e"}, "addressType": "IPv6", "endpoints": []}),
+    )
+    .await;
+    assert_eq!(code, 201, "{st}");
+    assert_eq!(st["endpoints"], Value::Null);
 }
 
 // ---- retries, errors ----
@@ -1210,4 +1344,170 @@ async fn in_cluster_service_account_rereads_the_token() {
         "the first try used the cached token"
     );
     assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.2");
+}
+
+// ---- gating verified on the Service (pod-labels with `service`) ----
+
+const MASTER_SERVICE: &str = "cache-master";
+
+fn gated_backend(fake: &FakeKube, dir: &Path, gate_timeout: Duration) -> KubernetesBackend {
+    let path = token_kubeconfig(dir, fake, DEFAULT_TOKEN);
+    let mut c = cfg(&path, KubernetesMode::PodLabels);
+    c.service = Some(MASTER_SERVICE.into());
+    c.service_gate_timeout = gate_timeout;
+    let cluster = ClusterConfig::from_kubeconfig(&path, None).unwrap();
+    let client = KubeClient::new(cluster, c.timeout)
+        .unwrap()
+        .with_retry(fast_retry());
+    KubernetesBackend::with_client(&c, client).unwrap()
+}
+
+/// The addresses the controller's slice of the master Service lists (ready or not).
+fn service_lists(fake: &FakeKube) -> Vec<String> {
+    fake.object(
+        FakeKind::EndpointSlice,
+        NS,
+        &format!("{MASTER_SERVICE}-ctrl"),
+    )
+    .map(|s| {
+        s["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["addresses"][0].as_str().map(str::to_string))
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// The fake's controller keeps the master Service's slice; it lists cache-0.
+async fn with_master_service(fake: &FakeKube) {
+    fake.add_service(
+        NS,
+        MASTER_SERVICE,
+        &[("app", "cache"), ("role", "master")],
+        6379,
+    );
+    wait_service(fake, &["10.0.0.1"]).await;
+}
+
+async fn wait_service(fake: &FakeKube, want: &[&str]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while service_lists(fake) != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Service lists {:?}, not {want:?}",
+            service_lists(fake)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn pod_labels_fence_and_publish_wait_for_the_service() {
+    for lag in [Duration::from_millis(20), Duration::from_millis(500)] {
+        let fake = FakeKube::start().await;
+        seed_pods(&fake);
+        fake.set_controller_lag(lag);
+        with_master_service(&fake).await;
+        let dir = tempfile::tempdir().unwrap();
+        let b = gated_backend(&fake, dir.path(), Duration::from_secs(5));
+
+        let t0 = std::time::Instant::now();
+        b.fence(&fence(2, "10.0.0.1:6379")).await.unwrap();
+        let fenced_after = t0.elapsed();
+        // Without the wait the fence returns as soon as the PATCH is
+        // accepted, while the Service still routes to the old master.
+        assert_eq!(service_lists(&fake), Vec::<String>::new(), "lag {lag:?}");
+        assert!(
+            fenced_after >= lag,
+            "lag {lag:?}: fenced after {fenced_after:?}"
+        );
+        let gone_at = fake.slice_history().last().unwrap().at;
+        assert!(gone_at <= std::time::Instant::now());
+
+        b.publish(&topo(2, "10.0.0.2:6379", Some("10.0.0.1:6379")))
+            .await
+            .unwrap();
+        assert_eq!(service_lists(&fake), vec!["10.0.0.2"], "lag {lag:?}");
+        let h = fake.slice_history();
+        assert!(
+            h.iter().all(|c| c.addresses.len() <= 1),
+            "two masters in the Service: {h:?}"
+        );
+
+        let st = b.service_gate().unwrap();
+        assert_eq!(st.service, MASTER_SERVICE);
+        let f = st.fence.unwrap();
+        let p = st.publish.unwrap();
+        assert_eq!(
+            (f.epoch, f.result, f.address.as_str()),
+            (2, GateResult::Ok, "10.0.0.1")
+        );
+        assert_eq!(
+            (p.epoch, p.result, p.address.as_str()),
+            (2, GateResult::Ok, "10.0.0.2")
+        );
+        assert!(f.waited_ms as u128 >= lag.as_millis() / 2, "{f:?}");
+        eprintln!(
+            "controller lag {lag:?}: fence waited {} ms, publish {} ms",
+            f.waited_ms, p.waited_ms
+        );
+
+        // A retried publication of the same epoch finds it all in place:
+        // one list of pods, the reads, one list of slices, no write.
+        fake.clear_requests();
+        b.publish(&topo(2, "10.0.0.2:6379", None)).await.unwrap();
+        assert!(fake.writes().is_empty(), "{:#?}", fake.writes());
+        let ua = format!("picket/{}", env!("CARGO_PKG_VERSION"));
+        let reqs = fake.requests();
+        assert!(!reqs.is_empty());
+        for r in &reqs {
+            assert_eq!(r.user_agent.as_deref(), Some(ua.as_str()), "{r:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn pod_labels_gate_times_out_on_a_stuck_controller() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    with_master_service(&fake).await;
+    fake.set_controller_stuck(true);
+    let dir = tempfile::tempdir().unwrap();
+    let timeout = Duration::from_millis(400);
+    let b = gated_backend(&fake, dir.path(), timeout);
+
+    let t0 = std::time::Instant::now();
+    let e = b.fence(&fence(2, "10.0.0.1:6379")).await.unwrap_err();
+    let took = t0.elapsed();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m)
+            if m.contains("still lists the old master 10.0.0.1") && m.contains("400ms")),
+        "{e:?}"
+    );
+    assert!(took >= timeout && took < Duration::from_secs(3), "{took:?}");
+    // The label was removed all the same: only the confirmation failed.
+    assert_eq!(role(&fake, "cache-0"), None);
+    let f = b.service_gate().unwrap().fence.unwrap();
+    assert_eq!(f.result, GateResult::Timeout);
+
+    let e = b
+        .publish(&topo(2, "10.0.0.2:6379", Some("10.0.0.1:6379")))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("lists no ready endpoint 10.0.0.2")),
+        "{e:?}"
+    );
+    assert_eq!(role(&fake, "cache-1").as_deref(), Some("master"));
+    assert_eq!(
+        b.service_gate().unwrap().publish.unwrap().result,
+        GateResult::Timeout
+    );
+
+    // Unstuck, the controller catches up and a retry confirms.
+    fake.set_controller_stuck(false);
+    b.publish(&topo(2, "10.0.0.2:6379", None)).await.unwrap();
+    assert_eq!(service_lists(&fake), vec!["10.0.0.2"]);
 }

@@ -116,6 +116,11 @@ pub trait Backend: Send + Sync {
     fn fence<'a>(&'a self, fence: &'a Fence) -> BoxFuture<'a, Result<(), DiscoveryError>>;
     /// Publish `topology` as the current one.
     fn publish<'a>(&'a self, topology: &'a Topology) -> BoxFuture<'a, Result<(), DiscoveryError>>;
+    /// The waits for routing to follow the writes, for backends that
+    /// verify them (Kubernetes pod-labels with `service`).
+    fn service_gate(&self) -> Option<kubernetes::gate::GateStatus> {
+        None
+    }
 }
 
 /// The backends of a group, plus handles on its recording backends.

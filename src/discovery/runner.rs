@@ -169,6 +169,10 @@ pub struct BackendStatus {
     pub writes_failed: u64,
     /// Whether a failed write is waiting for its next attempt.
     pub retrying: bool,
+    /// The last waits for the Service (Kubernetes pod-labels with
+    /// `service`); absent for other backends.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_gate: Option<super::kubernetes::gate::GateStatus>,
 }
 
 /// Why one backend did not confirm a write.
@@ -396,6 +400,7 @@ impl Slot {
             writes_ok: c.writes_ok,
             writes_failed: c.writes_failed,
             retrying: c.retrying,
+            service_gate: self.backend.service_gate(),
         }
     }
 }

@@ -93,9 +93,62 @@ pub async fn wait_for_async(desc: &str, timeout: Duration, mut cond: impl FnMut(
 
 static NEXT_IP: AtomicU32 = AtomicU32::new(2);
 
+static NEXT_NET_IP: AtomicU32 = AtomicU32::new(2);
+
+thread_local! {
+    /// Whether this thread entered a network namespace of its own
+    /// ([`enter_own_netns`]): its servers then get 198.18.x.y addresses.
+    static OWN_NETNS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The prefix [`enter_own_netns`] makes local (RFC 2544 benchmark space:
+/// never routed, and not loopback, which a real Kubernetes API server
+/// refuses in an EndpointSlice).
+pub const OWN_NETNS_PREFIX: &str = "198.18.0.0/15";
+
+/// Move the calling thread into a new network namespace with `lo` up and
+/// all of [`OWN_NETNS_PREFIX`] local to it (bindable, like 127.0.0.0/8);
+/// from then on [`next_loopback_ip`] hands out 198.18.x.y addresses on
+/// this thread. Threads and processes this thread starts afterwards
+/// (a tokio runtime, redis-server, picket) inherit the namespace; nothing
+/// outside it sees those addresses, and the namespace goes away with its
+/// last thread or process. Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN).
+pub fn enter_own_netns() -> Result<(), String> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("unshare(CLONE_NEWNET): {e} (needs root)"))?;
+    for args in [
+        &["link", "set", "lo", "up"][..],
+        &["route", "add", "local", OWN_NETNS_PREFIX, "dev", "lo"][..],
+    ] {
+        let out = Command::new("ip")
+            .args(args)
+            .output()
+            .map_err(|e| format!("ip {args:?}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    OWN_NETNS.with(|c| c.set(true));
+    Ok(())
+}
+
 /// A loopback address not yet handed out in this test binary: 127.0.0.2,
 /// 127.0.0.3, ..., then 127.0.1.1 and so on (never x.x.x.0 or x.x.x.255).
+/// On a thread that entered [`enter_own_netns`]: 198.18.0.2, 198.18.0.3, ...
 pub fn next_loopback_ip() -> String {
+    if OWN_NETNS.with(|c| c.get()) {
+        loop {
+            let n = NEXT_NET_IP.fetch_add(1, Ordering::Relaxed);
+            let (c, d) = ((n >> 8) & 0x1ff, n & 0xff);
+            assert!(n < 0x0001_ffff, "ran out of 198.18.0.0/15 addresses");
+            if d != 0 && d != 255 {
+                return format!("198.{}.{}.{d}", 18 + (c >> 8), c & 0xff);
+            }
+        }
+    }
     loop {
         let n = NEXT_IP.fetch_add(1, Ordering::Relaxed);
         let (b, c, d) = ((n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff);
@@ -124,9 +177,12 @@ fn socket_addr(ip: &str, port: u16) -> SocketAddr {
     let ip: IpAddr = ip
         .parse()
         .unwrap_or_else(|e| panic!("{ip:?} is not an IP address: {e}"));
+    // In a namespace of the test's own (enter_own_netns) nothing is
+    // reachable from outside either.
+    let own = OWN_NETNS.with(|c| c.get()) && ip.to_string().starts_with("198.1");
     assert!(
-        ip.is_loopback(),
-        "tests must only listen on loopback, not {ip}"
+        ip.is_loopback() || own,
+        "tests must only listen on loopback (or in a network namespace of their own), not {ip}"
     );
     SocketAddr::new(ip, port)
 }

@@ -15,10 +15,21 @@
 //! - a resourceVersion bumped on every write; a stale
 //!   `metadata.resourceVersion` in a PUT or patch body gives 409 `Conflict`;
 //!   `addressType` of a slice is immutable (422);
+//! - EndpointSlice validation as the real API server's: an address of an
+//!   IPv4/IPv6 slice that is of the other family, a host name, loopback,
+//!   link-local, link-local multicast or unspecified is refused with the
+//!   real 422 `Invalid` Status (`details.causes` with the field path, e.g.
+//!   `endpoints[0].addresses[0]`, and the apiserver's message); empty
+//!   `endpoints`/`ports` read back as `null` and missing conditions as
+//!   `{}`, as the real server returns them;
 //! - faults: latency, slow requests, 429 with `Retry-After`, 5xx for the next
 //!   N requests, "another writer" touching an object just before the next
 //!   writes (so a conditional write meets a real 409), 200 answers whose
 //!   body is garbage (truncated JSON, HTML, JSON of the wrong shape);
+//! - the endpoint-slice controller, for Services added with
+//!   [`FakeKube::add_service`]: their EndpointSlice follows the selected
+//!   pods' labels, IPs and readiness after a configurable lag, or not at
+//!   all while "stuck"; every change is recorded with its time;
 //! - a request log (method, path, query, content type, body, status, time);
 //! - a hook run on every request as it arrives, before it is answered (a
 //!   test can look at the world at the exact moment of a write);
@@ -95,6 +106,8 @@ pub struct LoggedRequest {
     pub query: Option<String>,
     /// Content-Type header, if any.
     pub content_type: Option<String>,
+    /// User-Agent header, if any.
+    pub user_agent: Option<String>,
     /// The body as text.
     pub body: String,
     /// The status the fake answered; 0 while unanswered (or when the
@@ -133,6 +146,33 @@ struct State {
     log: Vec<LoggedRequest>,
     next_log_id: u64,
     hook: Option<RequestHook>,
+    services: Vec<FakeService>,
+    controller_lag: Duration,
+    controller_stuck: bool,
+    controller_wake: Arc<tokio::sync::Notify>,
+    slice_history: Vec<SliceChange>,
+}
+
+/// A Service with a selector, whose EndpointSlice the fake's controller keeps.
+#[derive(Debug, Clone)]
+struct FakeService {
+    ns: String,
+    name: String,
+    selector: BTreeMap<String, String>,
+    port: u16,
+}
+
+/// One write of the fake's endpoint-slice controller.
+#[derive(Debug, Clone)]
+pub struct SliceChange {
+    /// When it was written.
+    pub at: Instant,
+    /// The Service.
+    pub service: String,
+    /// Every address the slice lists after the write.
+    pub addresses: Vec<String>,
+    /// The addresses listed as ready.
+    pub ready: Vec<String>,
 }
 
 impl State {
@@ -150,6 +190,7 @@ pub struct FakeKube {
     state: Arc<Mutex<State>>,
     down: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    controller: tokio::task::JoinHandle<()>,
 }
 
 /// Resolves once `rx` holds `want`.
@@ -161,6 +202,7 @@ async fn until(rx: &mut tokio::sync::watch::Receiver<bool>, want: bool) {
 impl Drop for FakeKube {
     fn drop(&mut self) {
         self.task.abort();
+        self.controller.abort();
     }
 }
 
@@ -246,6 +288,7 @@ impl FakeKube {
             ..State::default()
         }));
         let (down, down_rx) = tokio::sync::watch::channel(false);
+        let controller = tokio::spawn(run_controller(state.clone()));
         let st = state.clone();
         let task = tokio::spawn(async move {
             let mut listener = Some(listener);
@@ -308,6 +351,7 @@ impl FakeKube {
             state,
             down,
             task,
+            controller,
         }
     }
 
@@ -403,6 +447,58 @@ impl FakeKube {
         )
     }
 
+    /// Play the endpoint-slice controller for a Service with `selector`:
+    /// its EndpointSlice `<name>-ctrl` (label
+    /// `kubernetes.io/service-name=<name>`) lists every pod of `ns` whose
+    /// labels match and that has a pod IP, ready when the pod is (its
+    /// `Ready` condition; a Running pod without conditions counts as
+    /// ready), [`FakeKube::set_controller_lag`] after each pod change.
+    pub fn add_service(&self, ns: &str, name: &str, selector: &[(&str, &str)], port: u16) {
+        let mut st = self.st();
+        st.services.push(FakeService {
+            ns: ns.to_string(),
+            name: name.to_string(),
+            selector: selector
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            port,
+        });
+        st.controller_wake.notify_one();
+    }
+
+    /// How long the controller takes to follow a pod change (a real one:
+    /// 3–50 ms).
+    pub fn set_controller_lag(&self, lag: Duration) {
+        self.st().controller_lag = lag;
+    }
+
+    /// A stuck controller follows nothing until it is unstuck.
+    pub fn set_controller_stuck(&self, stuck: bool) {
+        let mut st = self.st();
+        st.controller_stuck = stuck;
+        st.controller_wake.notify_one();
+    }
+
+    /// Every write of the controller so far.
+    pub fn slice_history(&self) -> Vec<SliceChange> {
+        self.st().slice_history.clone()
+    }
+
+    /// Mark a pod ready or not (its `Ready` condition), as the kubelet would.
+    pub fn set_pod_ready(&self, ns: &str, name: &str, ready: bool) {
+        let mut st = self.st();
+        let rv = st.next_rv();
+        let pod = st
+            .objects
+            .get_mut(&(FakeKind::Pod, ns.to_string(), name.to_string()))
+            .unwrap();
+        pod["status"]["conditions"] =
+            json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
+        pod["metadata"]["resourceVersion"] = json!(rv);
+        st.controller_wake.notify_one();
+    }
+
     /// Seed a pod with an IP and labels; returns it.
     pub fn add_pod(&self, ns: &str, name: &str, ip: &str, labels: &[(&str, &str)]) -> Value {
         let labels: serde_json::Map<String, Value> = labels
@@ -429,7 +525,15 @@ impl FakeKube {
         if obj["metadata"].get("uid").is_none() {
             obj["metadata"]["uid"] = json!(format!("uid-{name}"));
         }
+        // A test must not seed what the real API server could not hold.
+        if let Err(causes) = validate(kind, None, &obj) {
+            panic!("the API server would refuse {name}: {causes:?}");
+        }
+        normalize(kind, &mut obj);
         st.objects.insert((kind, ns.to_string(), name), obj.clone());
+        if kind == FakeKind::Pod {
+            st.controller_wake.notify_one();
+        }
         obj
     }
 
@@ -475,6 +579,108 @@ impl FakeKube {
     /// Forget the request log.
     pub fn clear_requests(&self) {
         self.st().log.clear();
+    }
+}
+
+// ---- the endpoint-slice controller ----
+
+async fn run_controller(state: Arc<Mutex<State>>) {
+    let wake = state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .controller_wake
+        .clone();
+    loop {
+        wake.notified().await;
+        let lag = state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .controller_lag;
+        if !lag.is_zero() {
+            tokio::time::sleep(lag).await;
+        }
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        if !st.controller_stuck {
+            reconcile(&mut st);
+        }
+    }
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    match pod["status"]["conditions"].as_array() {
+        Some(cs) => cs
+            .iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+        None => pod["status"]["phase"] == "Running",
+    }
+}
+
+/// Make every Service's slice list the pods it selects now.
+fn reconcile(st: &mut State) {
+    let services = st.services.clone();
+    for svc in services {
+        let sel = Selector(
+            svc.selector
+                .iter()
+                .map(|(k, v)| Req::Eq(k.clone(), v.clone()))
+                .collect(),
+        );
+        let endpoints: Vec<Value> = st
+            .objects
+            .iter()
+            .filter(|((k, n, _), _)| *k == FakeKind::Pod && *n == svc.ns)
+            .map(|(_, p)| p)
+            .filter(|p| sel.matches(&labels_of(p)) && p["status"]["podIP"].is_string())
+            .map(|p| {
+                let ready = pod_ready(p);
+                let terminating = !p["metadata"]["deletionTimestamp"].is_null();
+                json!({
+                    "addresses": [p["status"]["podIP"]],
+                    "conditions": {"ready": ready && !terminating, "serving": ready,
+                                   "terminating": terminating},
+                    "targetRef": {"kind": "Pod", "namespace": svc.ns,
+                                  "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]},
+                })
+            })
+            .collect();
+        let name = format!("{}-ctrl", svc.name);
+        let key = (FakeKind::EndpointSlice, svc.ns.clone(), name.clone());
+        let mut slice = json!({
+            "kind": "EndpointSlice",
+            "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {
+                "name": name, "namespace": svc.ns, "uid": format!("uid-{name}"),
+                "labels": {
+                    "kubernetes.io/service-name": svc.name,
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                },
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": "redis", "port": svc.port, "protocol": "TCP"}],
+            "endpoints": endpoints,
+        });
+        normalize(FakeKind::EndpointSlice, &mut slice);
+        if st.objects.get(&key).map(|o| &o["endpoints"]) == Some(&slice["endpoints"]) {
+            continue;
+        }
+        slice["metadata"]["resourceVersion"] = json!(st.next_rv());
+        let addrs = |ready_only: bool| -> Vec<String> {
+            slice["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| !ready_only || e["conditions"]["ready"] == true)
+                .filter_map(|e| e["addresses"][0].as_str().map(str::to_string))
+                .collect()
+        };
+        let change = SliceChange {
+            at: Instant::now(),
+            service: svc.name.clone(),
+            addresses: addrs(false),
+            ready: addrs(true),
+        };
+        st.slice_history.push(change);
+        st.objects.insert(key, slice);
     }
 }
 
@@ -530,6 +736,7 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
             .map(str::to_string)
     };
     let content_type = header("content-type");
+    let user_agent = header("user-agent");
     let authorization = header("authorization");
     let body = req
         .into_body()
@@ -551,6 +758,7 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
             path: path.clone(),
             query: query.clone(),
             content_type: content_type.clone(),
+            user_agent,
             body: body.clone(),
             status: 0,
             at,
@@ -590,6 +798,9 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
     let mut st = state.lock().unwrap();
     if let Some(entry) = st.log.iter_mut().find(|r| r.id == id) {
         entry.status = resp.status().as_u16();
+    }
+    if method != "GET" && resp.status().is_success() && path.contains("/pods") {
+        st.controller_wake.notify_one();
     }
     drop(st);
     resp
@@ -747,9 +958,10 @@ fn route(
                     &format!("{} \"{name}\" already exists", kind.resource()),
                 );
             }
-            if let Err(m) = validate(kind, None, &obj) {
-                return status(422, "Invalid", &m);
+            if let Err(causes) = validate(kind, None, &obj) {
+                return respond(422, &invalid_body(kind, &name, &causes));
             }
+            normalize(kind, &mut obj);
             let (k, api) = kind.kind();
             obj["kind"] = json!(k);
             obj["apiVersion"] = json!(api);
@@ -827,9 +1039,10 @@ fn route(
                     "the name of the object does not match the name on the URL",
                 );
             }
-            if let Err(m) = validate(kind, Some(&current), &updated) {
-                return status(422, "Invalid", &m);
+            if let Err(causes) = validate(kind, Some(&current), &updated) {
+                return respond(422, &invalid_body(kind, name, &causes));
             }
+            normalize(kind, &mut updated);
             let (k, api) = kind.kind();
             updated["kind"] = json!(k);
             updated["apiVersion"] = json!(api);
@@ -847,25 +1060,219 @@ fn route(
     }
 }
 
-fn validate(kind: FakeKind, old: Option<&Value>, new: &Value) -> Result<(), String> {
+/// One field the fake's validation refuses, as a `details.causes` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    /// `FieldValueInvalid`, `FieldValueNotSupported`, ...
+    pub reason: &'static str,
+    /// The field path, e.g. `endpoints[0].addresses[0]`.
+    pub field: String,
+    /// `Invalid value: "127.0.0.1": may not be in the loopback range ...`.
+    pub message: String,
+}
+
+fn invalid(field: String, value: &Value, why: &str) -> Cause {
+    let shown = match value {
+        Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    };
+    Cause {
+        reason: "FieldValueInvalid",
+        field,
+        message: format!("Invalid value: {shown}: {why}"),
+    }
+}
+
+/// The apiserver's `ValidateNonSpecialIP` (pkg/apis/core/validation), as
+/// applied to the addresses of an IPv4 or IPv6 EndpointSlice, after the
+/// address-family check.
+fn validate_slice_address(address_type: &str, field: String, raw: &Value) -> Vec<Cause> {
+    let mut out = Vec::new();
+    let text = raw.as_str().unwrap_or_default();
+    let parsed: Option<std::net::IpAddr> = text.parse().ok();
+    let family_ok = matches!(
+        (address_type, parsed),
+        ("IPv4", Some(std::net::IpAddr::V4(_))) | ("IPv6", Some(std::net::IpAddr::V6(_)))
+    );
+    if !family_ok {
+        let want = if address_type == "IPv4" {
+            "must be a valid IPv4 address"
+        } else {
+            "must be a valid IPv6 address"
+        };
+        out.push(invalid(field.clone(), raw, want));
+    }
+    let Some(ip) = parsed else {
+        out.push(invalid(field, raw, "must be a valid IP address"));
+        return out;
+    };
+    if ip.is_unspecified() {
+        out.push(invalid(
+            field.clone(),
+            raw,
+            &format!("may not be unspecified ({text})"),
+        ));
+    }
+    if ip.is_loopback() {
+        out.push(invalid(
+            field.clone(),
+            raw,
+            "may not be in the loopback range (127.0.0.0/8, ::1/128)",
+        ));
+    }
+    let (link_local, ll_multicast) = match ip {
+        std::net::IpAddr::V4(v4) => (v4.is_link_local(), v4.octets()[..3] == [224, 0, 0]),
+        std::net::IpAddr::V6(v6) => {
+            let s0 = v6.segments()[0];
+            (s0 & 0xffc0 == 0xfe80, s0 & 0xff0f == 0xff02)
+        }
+    };
+    if link_local {
+        out.push(invalid(
+            field.clone(),
+            raw,
+            "may not be in the link-local range (169.254.0.0/16, fe80::/10)",
+        ));
+    }
+    if ll_multicast {
+        out.push(invalid(
+            field,
+            raw,
+            "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)",
+        ));
+    }
+    out
+}
+
+fn validate(kind: FakeKind, old: Option<&Value>, new: &Value) -> Result<(), Vec<Cause>> {
     if kind != FakeKind::EndpointSlice {
         return Ok(());
     }
+    let mut causes = Vec::new();
     let at = new["addressType"].as_str();
     if !matches!(at, Some("IPv4" | "IPv6" | "FQDN")) {
-        return Err(format!("addressType: Unsupported value: {at:?}"));
+        causes.push(Cause {
+            reason: "FieldValueNotSupported",
+            field: "addressType".into(),
+            message: format!(
+                "Unsupported value: {}: supported values: \"FQDN\", \"IPv4\", \"IPv6\"",
+                new["addressType"]
+            ),
+        });
     }
     if let Some(old) = old
         && old["addressType"] != new["addressType"]
     {
-        return Err("addressType: Invalid value: field is immutable".into());
+        causes.push(invalid(
+            "addressType".into(),
+            &new["addressType"],
+            "field is immutable",
+        ));
     }
-    if let Some(labels) = new["metadata"]["labels"].as_object()
-        && labels.values().any(|v| !v.is_string())
-    {
-        return Err("metadata.labels: values must be strings".into());
+    if let Some(labels) = new["metadata"]["labels"].as_object() {
+        for (k, v) in labels {
+            if !v.is_string() {
+                causes.push(invalid(
+                    format!("metadata.labels[{k}]"),
+                    v,
+                    "values must be strings",
+                ));
+            }
+        }
     }
-    Ok(())
+    if let Some(at @ ("IPv4" | "IPv6")) = at {
+        for (i, ep) in new["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let addrs = ep["addresses"].as_array().cloned().unwrap_or_default();
+            if addrs.is_empty() {
+                causes.push(Cause {
+                    reason: "FieldValueRequired",
+                    field: format!("endpoints[{i}].addresses"),
+                    message: "Required value: must contain at least 1 address".into(),
+                });
+            }
+            for (j, a) in addrs.iter().enumerate() {
+                causes.extend(validate_slice_address(
+                    at,
+                    format!("endpoints[{i}].addresses[{j}]"),
+                    a,
+                ));
+            }
+        }
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(causes)
+    }
+}
+
+/// The 422 `Invalid` Status the real API server answers for `causes`.
+pub fn invalid_body(kind: FakeKind, name: &str, causes: &[Cause]) -> Value {
+    let (k, api) = kind.kind();
+    let group = api.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+    let qualified = if group.is_empty() {
+        k.to_string()
+    } else {
+        format!("{k}.{group}")
+    };
+    let each: Vec<String> = causes
+        .iter()
+        .map(|c| format!("{}: {}", c.field, c.message))
+        .collect();
+    let joined = if each.len() == 1 {
+        each[0].clone()
+    } else {
+        format!("[{}]", each.join(", "))
+    };
+    let mut body = status_body(
+        422,
+        "Invalid",
+        &format!("{qualified} {name:?} is invalid: {joined}"),
+    );
+    body["details"] = json!({
+        "name": name,
+        "group": group,
+        "kind": k,
+        "causes": causes.iter().map(|c| json!({
+            "reason": c.reason, "message": c.message, "field": c.field,
+        })).collect::<Vec<_>>(),
+    });
+    body
+}
+
+/// What the real API server stores and returns for a slice: empty
+/// `endpoints` and `ports` lists read back as `null` (the Go types have
+/// no `omitempty`, and an empty list does not survive storage), missing
+/// or null conditions as `{}`.
+fn normalize(kind: FakeKind, obj: &mut Value) {
+    if kind != FakeKind::EndpointSlice {
+        return;
+    }
+    for list in ["endpoints", "ports"] {
+        match obj.get(list) {
+            Some(Value::Array(a)) if a.is_empty() => obj[list] = Value::Null,
+            None => obj[list] = Value::Null,
+            _ => {}
+        }
+    }
+    if let Some(eps) = obj["endpoints"].as_array_mut() {
+        for ep in eps {
+            let mut c = ep
+                .get("conditions")
+                .cloned()
+                .filter(Value::is_object)
+                .unwrap_or_else(|| json!({}));
+            if let Some(m) = c.as_object_mut() {
+                m.retain(|_, v| !v.is_null());
+            }
+            ep["conditions"] = c;
+        }
+    }
 }
 
 fn labels_of(o: &Value) -> BTreeMap<String, String> {

@@ -801,6 +801,9 @@ fn build_http(
 
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
+        // Names picket in the API server's audit log and in its metrics
+        // (apiserver_request_total by client), as the webhook does.
+        .user_agent(concat!("picket/", env!("CARGO_PKG_VERSION")))
         .timeout(timeout)
         .connect_timeout(timeout)
         // The API server is reached directly; an HTTPS_PROXY meant for

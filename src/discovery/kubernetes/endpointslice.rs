@@ -7,7 +7,7 @@
 //! so the Service never routes to two masters, and the switch from one
 //! master to the next is a single write (unlike pod labels).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use serde_json::{Value, json};
 
@@ -96,12 +96,9 @@ impl EndpointSliceWriter {
 
     /// Make the slice hold exactly the master's address.
     pub async fn publish(&self, t: &Topology) -> Result<(), DiscoveryError> {
-        let ip: Ipv4Addr = t.master.host.parse().map_err(|_| {
-            DiscoveryError::Permanent(format!(
-                "kubernetes: endpointslice mode needs an IPv4 master address, got {:?}",
-                t.master.host
-            ))
-        })?;
+        // Checked before any request: the API server would answer 422, and
+        // a refusal found only at the first failover is found too late.
+        let ip = slice_address(&t.master.host)?;
         let endpoints = json!([{
             "addresses": [ip.to_string()],
             "conditions": { "ready": true, "serving": true, "terminating": false },
@@ -210,6 +207,75 @@ impl EndpointSliceWriter {
     }
 }
 
+/// Why the API server refuses `ip` as an address of an IPv4 or IPv6
+/// EndpointSlice, in its own words (`ValidateNonSpecialIP` of the
+/// apiserver's validation); `None` when it accepts it.
+pub fn refused_by_api(ip: IpAddr) -> Option<&'static str> {
+    let unspecified = ip.is_unspecified();
+    let loopback = ip.is_loopback();
+    let (link_local, link_local_multicast) = match ip {
+        IpAddr::V4(v4) => (
+            v4.is_link_local(),
+            // 224.0.0.0/24
+            v4.octets()[..3] == [224, 0, 0],
+        ),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            (
+                // fe80::/10
+                s[0] & 0xffc0 == 0xfe80,
+                // ffX2::/16, as Go's IsLinkLocalMulticast
+                s[0] & 0xff0f == 0xff02,
+            )
+        }
+    };
+    if unspecified {
+        Some("may not be unspecified")
+    } else if loopback {
+        Some("may not be in the loopback range (127.0.0.0/8, ::1/128)")
+    } else if link_local {
+        Some("may not be in the link-local range (169.254.0.0/16, fe80::/10)")
+    } else if link_local_multicast {
+        Some("may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)")
+    } else {
+        None
+    }
+}
+
+/// The master's host as the address of picket's (IPv4) slice, or a
+/// permanent error naming the address when the API server would refuse
+/// it (a host name, an IPv6 address, loopback, link-local, unspecified)
+/// or when it cannot be a server's address (multicast, broadcast).
+pub fn slice_address(host: &str) -> Result<Ipv4Addr, DiscoveryError> {
+    let refuse = |why: &str| {
+        Err(DiscoveryError::Permanent(format!(
+            "kubernetes: endpointslice mode cannot publish the master address {host:?}: {why}"
+        )))
+    };
+    let ip: IpAddr = match host.parse() {
+        Ok(ip) => ip,
+        Err(_) => {
+            return refuse(
+                "not an IP address (the API server refuses host names in an IPv4 \
+                 EndpointSlice; configure the master by its IPv4 address)",
+            );
+        }
+    };
+    let IpAddr::V4(v4) = ip else {
+        return refuse("picket's EndpointSlice is IPv4; an IPv6 master needs pod-labels mode");
+    };
+    if let Some(why) = refused_by_api(ip) {
+        return refuse(&format!(
+            "the API server refuses it in an EndpointSlice ({why}); publish the pod's or \
+             node's address"
+        ));
+    }
+    if v4.is_multicast() || v4.is_broadcast() {
+        return refuse("a multicast or broadcast address is not a server's address");
+    }
+    Ok(v4)
+}
+
 /// The slice's endpoints reduced to the fields picket sets.
 pub fn normalized_endpoints(slice: &Value) -> Value {
     let eps = slice
@@ -253,4 +319,41 @@ pub fn normalized_ports(slice: &Value) -> Value {
             })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_the_api_refuses() {
+        for (host, want) in [
+            ("127.0.0.1", "loopback"),
+            ("127.3.4.5", "loopback"),
+            ("169.254.1.1", "link-local range"),
+            ("0.0.0.0", "unspecified"),
+            ("224.0.0.5", "link-local multicast"),
+            ("239.1.1.1", "multicast"),
+            ("255.255.255.255", "broadcast"),
+            ("cache-0.cache.svc", "host names"),
+            ("fd00::1", "IPv6"),
+        ] {
+            match slice_address(host) {
+                Err(DiscoveryError::Permanent(m)) => {
+                    assert!(m.contains(want) && m.contains(host), "{host}: {m}");
+                }
+                other => panic!("{host}: {other:?}"),
+            }
+        }
+        for ok in ["10.0.0.1", "198.18.0.7", "192.168.1.1", "100.64.0.1"] {
+            assert_eq!(slice_address(ok).unwrap().to_string(), ok);
+        }
+        let v6 = |s: &str| refused_by_api(s.parse().unwrap());
+        assert!(v6("::1").unwrap().contains("loopback"));
+        assert!(v6("::").unwrap().contains("unspecified"));
+        assert!(v6("fe80::1").unwrap().contains("link-local range"));
+        assert!(v6("ff02::1").unwrap().contains("multicast"));
+        assert_eq!(v6("fd00::1"), None);
+        assert_eq!(v6("ff05::1"), None, "only link-local multicast is refused");
+    }
 }

@@ -14,6 +14,7 @@
 
 pub mod client;
 pub mod endpointslice;
+pub mod gate;
 pub mod kubeconfig;
 pub mod podlabels;
 
@@ -86,17 +87,29 @@ impl KubernetesBackend {
                 if cfg.master_value == cfg.replica_value {
                     return Err(bad("`master_value` and `replica_value` must differ".into()));
                 }
-                (
-                    Mode::PodLabels(PodLabelWriter::new(
+                let mut w = PodLabelWriter::new(
+                    client.clone(),
+                    &cfg.namespace,
+                    selector,
+                    &cfg.role_label,
+                    &cfg.master_value,
+                    &cfg.replica_value,
+                );
+                if let Some(service) = cfg.service.as_deref().map(str::trim) {
+                    if service.is_empty() {
+                        return Err(bad("`service` must not be empty".into()));
+                    }
+                    if cfg.service_gate_timeout.is_zero() {
+                        return Err(bad("`service_gate_timeout` must be greater than 0".into()));
+                    }
+                    w = w.with_gate(gate::ServiceGate::new(
                         client.clone(),
                         &cfg.namespace,
-                        selector,
-                        &cfg.role_label,
-                        &cfg.master_value,
-                        &cfg.replica_value,
-                    )),
-                    format!("pods {selector}"),
-                )
+                        service,
+                        cfg.service_gate_timeout,
+                    ));
+                }
+                (Mode::PodLabels(w), format!("pods {selector}"))
             }
             KubernetesMode::Endpointslice => {
                 let service = cfg
@@ -161,6 +174,13 @@ impl Backend for KubernetesBackend {
                 Mode::EndpointSlice(w) => w.publish(topology).await,
             }
         })
+    }
+
+    fn service_gate(&self) -> Option<gate::GateStatus> {
+        match &self.mode {
+            Mode::PodLabels(w) => w.gate().map(gate::ServiceGate::status),
+            Mode::EndpointSlice(_) => None,
+        }
     }
 }
 

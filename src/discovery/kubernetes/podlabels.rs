@@ -20,6 +20,7 @@ use std::net::IpAddr;
 use serde_json::{Value, json};
 
 use super::client::{Kind, KubeClient, PatchType};
+use super::gate::ServiceGate;
 use super::{
     CONFLICT_ATTEMPTS, EPOCH_ANNOTATION, check_epoch, label, object_name, resource_version,
 };
@@ -35,6 +36,8 @@ pub struct PodLabelWriter {
     role_label: String,
     master_value: String,
     replica_value: String,
+    /// With `service` set: the waits for the Service's EndpointSlices.
+    gate: Option<ServiceGate>,
 }
 
 /// What `publish` does when the label is already right on every pod.
@@ -61,6 +64,26 @@ impl PodLabelWriter {
             role_label: role_label.to_string(),
             master_value: master_value.to_string(),
             replica_value: replica_value.to_string(),
+            gate: None,
+        }
+    }
+
+    /// The same writer, confirming its writes on a Service's EndpointSlices.
+    pub fn with_gate(mut self, gate: ServiceGate) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// The Service gate, when `service` is set.
+    pub fn gate(&self) -> Option<&ServiceGate> {
+        self.gate.as_ref()
+    }
+
+    /// The fence is done once the Service no longer routes to the old master.
+    async fn fence_gate(&self, fence: &Fence) -> Result<(), DiscoveryError> {
+        match &self.gate {
+            Some(g) => g.wait_gone(fence.epoch, &fence.old_master.host).await,
+            None => Ok(()),
         }
     }
 
@@ -81,7 +104,7 @@ impl PodLabelWriter {
                 tracing::warn!(group = %fence.group, epoch = fence.epoch,
                     old_master = %fence.old_master, selector = %self.selector,
                     "fence: no pod has the old master's IP; nothing to unlabel");
-                return Ok(());
+                return self.fence_gate(fence).await;
             }
             Err(NoMatch::Ambiguous(names)) => {
                 return Err(self.ambiguous(&fence.old_master, &names));
@@ -106,7 +129,7 @@ impl PodLabelWriter {
                     label = %self.role_label, "fence: removed the role label of the old master");
             }
         }
-        Ok(())
+        self.fence_gate(fence).await
     }
 
     /// Label the new master (after every other pod lost the master label)
@@ -187,8 +210,12 @@ impl PodLabelWriter {
                 first_err.get_or_insert(e);
             }
         }
-        match first_err {
-            Some(e) => Err(e),
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        // Done once the Service routes to the new master.
+        match &self.gate {
+            Some(g) => g.wait_listed(t.epoch, &t.master.host).await,
             None => Ok(()),
         }
     }
