@@ -216,3 +216,43 @@ fn a_name_that_moves_is_followed_and_one_that_does_not_resolve_is_down_with_the_
     // The daemon itself goes on answering.
     assert!(redis_cmd(resp, &["PING"]).is_ok(), "{}", p.logs());
 }
+
+#[test]
+fn a_replica_told_the_masters_name_is_re_pointed_at_its_ip() {
+    // A replica that follows its master by name resolves the name itself
+    // at each reconnect, on its main thread: when the name is gone with
+    // the master's container, it stalls. picket tells servers IPs.
+    require_redis_server();
+    let master = RedisServer::start("127.0.0.1", 0, RedisOpts::default());
+    let port = master.addr().port().to_string();
+    let replica = RedisServer::start_fresh(RedisOpts::default());
+    assert!(
+        replica
+            .cmd(&["REPLICAOF", "localhost", &port])
+            .unwrap()
+            .is_ok()
+    );
+    let follows = |host: &str| {
+        replica.info("replication").is_ok_and(|i| {
+            i.contains(&format!("master_host:{host}\r\n")) && i.contains("master_link_status:up")
+        })
+    };
+    wait_for(
+        "the replica linked by name",
+        Duration::from_secs(20),
+        || follows("localhost"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    write_hosts(&hosts, &[]);
+    let (p, _resp, http) = daemon(&hosts, &format!("localhost:{port}"), "");
+    wait_for(
+        "the replica re-pointed at the master's IP",
+        Duration::from_secs(20),
+        || follows("127.0.0.1"),
+    );
+    let g = group(http);
+    let mut want = vec![format!("localhost:{port}"), replica.addr().to_string()];
+    want.sort();
+    assert_eq!(instances(&g), want, "{g}\n{}", p.logs());
+}

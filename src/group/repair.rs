@@ -70,7 +70,15 @@ impl Group {
         // undo the failover and trigger a second one.
         let master_sane = self.reports_master_now(&master);
         let intended = self.election.intended(self.config_epoch).cloned();
-        let master_id = (master.clone(), self.ip_of(&master));
+        // Unless announce_hostnames, a replica must follow the master by its
+        // IP: a replica told a name resolves it on its own main thread at
+        // each reconnect (Redis does), and stalls for the resolver's
+        // timeout when the name is gone with the master's container.
+        let master_id = if self.cfg.announce_hostnames {
+            (master.clone(), self.ip_of(&master))
+        } else {
+            (self.wire(&master), None)
+        };
         let intended_id = intended.as_ref().map(|a| (a.clone(), self.ip_of(a)));
         let mut demote = Vec::new();
         let mut repoint = Vec::new();
