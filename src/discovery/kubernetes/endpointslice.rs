@@ -61,7 +61,12 @@ impl EndpointSliceWriter {
     /// Empty the slice (no endpoint routes), unless a write of this epoch
     /// already replaced the old master.
     pub async fn fence(&self, fence: &Fence) -> Result<(), DiscoveryError> {
-        let old_ip: Option<Ipv4Addr> = fence.old_master.host.parse().ok();
+        // Only for telling an already fenced slice: the fence empties the
+        // slice whether or not the old master's name still resolves.
+        let old_ip: Option<Ipv4Addr> = resolve(&fence.old_master.host, fence.old_master.port)
+            .await
+            .ok()
+            .and_then(|h| h.parse().ok());
         let out = self
             .write(
                 fence.epoch,
@@ -98,7 +103,7 @@ impl EndpointSliceWriter {
     pub async fn publish(&self, t: &Topology) -> Result<(), DiscoveryError> {
         // Checked before any request: the API server would answer 422, and
         // a refusal found only at the first failover is found too late.
-        let ip = slice_address(&t.master.host)?;
+        let ip = slice_address(&resolve(&t.master.host, t.master.port).await?)?;
         let endpoints = json!([{
             "addresses": [ip.to_string()],
             "conditions": { "ready": true, "serving": true, "terminating": false },
@@ -242,6 +247,32 @@ pub fn refused_by_api(ip: IpAddr) -> Option<&'static str> {
     }
 }
 
+/// How long a host name's resolution may take at write time.
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `host` as an address for the slice: itself when it is an IP, else the
+/// first IPv4 address the name resolves to now (with `announce_hostnames`
+/// a master known by name reaches this backend by name). A name that does
+/// not resolve is a transient error naming it: the write is retried.
+pub async fn resolve(host: &str, port: u16) -> Result<String, DiscoveryError> {
+    if host.parse::<IpAddr>().is_ok() {
+        return Ok(host.to_string());
+    }
+    let fail = |why: String| {
+        DiscoveryError::Transient(format!(
+            "kubernetes: endpointslice mode cannot resolve the master's name {host:?}: {why}"
+        ))
+    };
+    let addrs = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, port)))
+        .await
+        .map_err(|_| fail(format!("no answer within {RESOLVE_TIMEOUT:?}")))?
+        .map_err(|e| fail(e.to_string()))?;
+    let mut v4 = addrs.filter(|a| a.is_ipv4());
+    v4.next()
+        .map(|a| a.ip().to_string())
+        .ok_or_else(|| fail("it has no IPv4 address".into()))
+}
+
 /// The master's host as the address of picket's (IPv4) slice, or a
 /// permanent error naming the address when the API server would refuse
 /// it (a host name, an IPv6 address, loopback, link-local, unspecified)
@@ -257,7 +288,7 @@ pub fn slice_address(host: &str) -> Result<Ipv4Addr, DiscoveryError> {
         Err(_) => {
             return refuse(
                 "not an IP address (the API server refuses host names in an IPv4 \
-                 EndpointSlice; configure the master by its IPv4 address)",
+                 EndpointSlice)",
             );
         }
     };
@@ -324,6 +355,21 @@ pub fn normalized_ports(slice: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn names_are_resolved_at_write_time() {
+        assert_eq!(resolve("10.0.0.1", 6379).await.unwrap(), "10.0.0.1");
+        // A name is resolved, then checked like any address.
+        let ip = resolve("localhost", 6379).await.unwrap();
+        assert_eq!(ip, "127.0.0.1");
+        assert!(
+            matches!(slice_address(&ip), Err(DiscoveryError::Permanent(m)) if m.contains("loopback"))
+        );
+        match resolve("no-such-host.invalid", 6379).await {
+            Err(DiscoveryError::Transient(m)) => assert!(m.contains("no-such-host.invalid"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn addresses_the_api_refuses() {
