@@ -256,3 +256,63 @@ fn a_replica_told_the_masters_name_is_re_pointed_at_its_ip() {
     want.sort();
     assert_eq!(instances(&g), want, "{g}\n{}", p.logs());
 }
+
+#[test]
+fn two_names_for_one_server_are_one_instance() {
+    // The old master comes back and, as a replica, announces another name
+    // (replica-announce-ip) that resolves to the same address as the name
+    // it is configured under.
+    require_redis_server();
+    let mut master =
+        RedisServer::start_fresh(RedisOpts::default().args(&["--replica-announce-ip", "redis-a2"]));
+    let old = master.addr();
+    let replica = RedisServer::start_fresh(
+        RedisOpts::default()
+            .replica_of(old)
+            .args(&["--replica-announce-ip", "redis-b"]),
+    );
+    wait_for("the replica linked", Duration::from_secs(20), || {
+        replica_linked_to(&replica, old)
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = dir.path().join("hosts");
+    let (a, b) = (old.ip().to_string(), replica.addr().ip().to_string());
+    write_hosts(
+        &hosts,
+        &[(&a, "redis-a"), (&a, "redis-a2"), (&b, "redis-b")],
+    );
+    let named = format!("redis-a:{}", old.port());
+    let replica_named = format!("redis-b:{}", replica.addr().port());
+    let (p, resp, http) = daemon(&hosts, &named, "");
+    let mut want = vec![named.clone(), replica_named.clone()];
+    want.sort();
+    wait_for(
+        "both servers listed by name",
+        Duration::from_secs(20),
+        || instances(&group(http)) == want,
+    );
+    master.kill9();
+    wait_for("the replica promoted", Duration::from_secs(30), || {
+        master_addr(resp).as_deref() == Some(replica.addr().to_string().as_str())
+    });
+    master.restart();
+    wait_for(
+        "the new master lists the old one as redis-a2",
+        Duration::from_secs(20),
+        || {
+            replica
+                .info("replication")
+                .is_ok_and(|i| i.contains("ip=redis-a2") && i.contains("state=online"))
+        },
+    );
+    for _ in 0..10 {
+        let g = group(http);
+        assert_eq!(
+            instances(&g),
+            want,
+            "one server, one instance\n{}",
+            p.logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -143,6 +143,9 @@ struct Group {
     master: Addr,
     config_epoch: u64,
     instances: BTreeMap<Addr, Instance>,
+    /// Other names servers report for a known instance (a replica's
+    /// `replica-announce-ip` that resolves to a configured name's IP).
+    aliases: BTreeMap<Addr, Addr>,
     election: Election,
     failover: Option<Running>,
     /// The reply to a switchover request whose election runs.
@@ -257,6 +260,7 @@ pub fn spawn(
         master: master.clone(),
         config_epoch,
         instances: BTreeMap::new(),
+        aliases: BTreeMap::new(),
         election: Election::new(settings, ctx.peers.len(), None),
         failover: None,
         switchover_reply: None,

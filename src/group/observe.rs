@@ -108,6 +108,9 @@ impl Group {
         if self.instances.contains_key(addr) {
             return addr.clone();
         }
+        if let Some(known) = self.aliases.get(addr) {
+            return known.clone();
+        }
         let Some(ip) = addr.ip() else {
             return addr.clone();
         };
@@ -155,19 +158,37 @@ impl Group {
             .map_or_else(|| self.wire(addr), |r| Addr::new(r.ip.clone(), r.port))
     }
 
-    /// The named instance `addr` now resolves to `ip`: an instance known by
+    /// The named instance `addr` now resolves to `ip`. An instance known by
     /// that IP (listed by the master before the name was first reached) is
-    /// the same server and is forgotten, unless it is the master itself.
+    /// the same server: it is forgotten, unless it is the master itself.
+    /// Another name already known at that IP is the same server too: the
+    /// name known first stays, `addr` becomes its alias.
     fn merge_resolved(&mut self, addr: &Addr, ip: IpAddr) {
         if addr.ip().is_some() {
             return;
         }
         let twin = Addr::new(ip.to_string(), addr.port);
-        if twin == self.master || !self.instances.contains_key(&twin) {
-            return;
+        if twin != self.master && self.instances.contains_key(&twin) {
+            tracing::info!(group = %self.cfg.name, instance = %addr, %twin, "one server under two addresses: keeping its name");
+            self.forget_instance(&twin);
         }
-        tracing::info!(group = %self.cfg.name, instance = %addr, %twin, "one server under two addresses: keeping its name");
-        self.forget_instance(&twin);
+        let named_twin = self
+            .instances
+            .values()
+            .find(|i| {
+                i.addr != *addr
+                    && i.addr.port == addr.port
+                    && i.addr.ip().is_none()
+                    && i.ip == Some(ip)
+            })
+            .map(|i| i.addr.clone());
+        if let Some(known) = named_twin
+            && *addr != self.master
+        {
+            tracing::info!(group = %self.cfg.name, instance = %addr, %known, "one server under two names: keeping the first");
+            self.forget_instance(addr);
+            self.aliases.insert(addr.clone(), known);
+        }
     }
 
     /// Stop probing `addr` and drop what is known of it.

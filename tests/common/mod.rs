@@ -1704,9 +1704,17 @@ impl FaultProxy {
         listener
             .set_nonblocking(true)
             .unwrap_or_else(|e| panic!("proxy nonblocking: {e}"));
+        // Loopback, or the 198.18.0.0/15 addresses of a test's own network
+        // namespace (enter_own_netns): never another machine.
+        let own = match target.ip() {
+            std::net::IpAddr::V4(v4) => {
+                v4.is_loopback() || (v4.octets()[0] == 198 && v4.octets()[1] & 0xfe == 18)
+            }
+            std::net::IpAddr::V6(v6) => v6.is_loopback(),
+        };
         assert!(
-            target.ip().is_loopback(),
-            "proxy target {target} not loopback"
+            own,
+            "proxy target {target} is neither loopback nor in 198.18.0.0/15"
         );
         let shared = std::sync::Arc::new(ProxyShared {
             blocked: false.into(),
