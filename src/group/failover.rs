@@ -23,12 +23,7 @@ impl Group {
     /// The election is won: start the failover machine (step 5 on).
     pub(super) fn start_failover(&mut self, now: Instant, ballot: Ballot) {
         tracing::info!(group = %self.cfg.name, epoch = ballot.epoch, candidate = %ballot.candidate, "elected leader; failing over");
-        let replicas: Vec<Addr> = self
-            .instances
-            .keys()
-            .filter(|a| **a != self.master)
-            .cloned()
-            .collect();
+        let replicas = self.replica_addrs();
         let (machine, actions) = Failover::start(
             now,
             ballot.epoch,

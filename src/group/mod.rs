@@ -121,6 +121,13 @@ pub enum GroupError {
     Tls(String),
 }
 
+/// A planned switchover asked for, waiting for fresh INFO.
+struct PendingSwitchover {
+    to: Option<Addr>,
+    reply: oneshot::Sender<Result<(), FailoverError>>,
+    since: Instant,
+}
+
 /// A failover this daemon leads.
 struct Running {
     machine: Failover,
@@ -150,6 +157,9 @@ struct Group {
     failover: Option<Running>,
     /// The reply to a switchover request whose election runs.
     switchover_reply: Option<oneshot::Sender<Result<(), FailoverError>>>,
+    /// A switchover request waiting for fresh INFO from every replica
+    /// (healthy replicas are read only every [`observe::INFO_SLOW`]).
+    pending_switchover: Option<PendingSwitchover>,
     last_failover: Option<LastFailover>,
     /// When the task last ran anything, to notice stalls of the process.
     run_clock: RunClock,
@@ -264,6 +274,7 @@ pub fn spawn(
         election: Election::new(settings, ctx.peers.len(), None),
         failover: None,
         switchover_reply: None,
+        pending_switchover: None,
         last_failover: None,
         run_clock: RunClock::new(
             now,
@@ -315,7 +326,13 @@ async fn run(
         }
         tokio::select! {
             _ = cancel.cancelled() => break,
-            Some(ev) = probe_rx.recv() => g.on_probe(ev),
+            Some(ev) = probe_rx.recv() => {
+                let info = matches!(ev, ProbeEvent::Info { .. });
+                g.on_probe(ev);
+                if info {
+                    g.try_pending_switchover(Instant::now());
+                }
+            }
             Some(msg) = rx.recv() => {
                 g.on_msg(msg);
                 g.dirty = true;
@@ -336,6 +353,7 @@ async fn run(
                 }
             }
         }
+        g.update_info_cadence(Instant::now());
         // The view is published when something in it changed (a burst of
         // changes once per VIEW_MIN_GAP; a new master at once), and once a
         // second for its ages: rebuilding every group's view ten times a
@@ -367,7 +385,24 @@ impl Group {
         self.notice_stall(now);
         match msg {
             GroupMsg::IsDown { query, reply } => self.answer_is_down(now, query, reply),
-            GroupMsg::Switchover { to, reply } => self.request_switchover(now, to, reply),
+            GroupMsg::Switchover { to, reply } => {
+                if self.pending_switchover.is_some() {
+                    let _ = reply.send(Err(FailoverError::InProgress));
+                } else if self.replicas_read_since(None, now) {
+                    self.request_switchover(now, to, reply);
+                } else {
+                    // Selection refuses stale INFO: read every replica
+                    // first (a round trip, not a period).
+                    self.pending_switchover = Some(PendingSwitchover {
+                        to,
+                        reply,
+                        since: now,
+                    });
+                    for r in self.replica_addrs() {
+                        self.refresh_info(&r);
+                    }
+                }
+            }
             GroupMsg::Reset => {
                 let master = self.master.clone();
                 self.instances.retain(|a, _| *a == master);
@@ -411,14 +446,48 @@ impl Group {
         }
     }
 
+    /// Whether every reachable replica's INFO was read since `since` (None:
+    /// within [`observe::INFO_FAST`] of `now`).
+    fn replicas_read_since(&self, since: Option<Instant>, now: Instant) -> bool {
+        self.instances
+            .values()
+            .filter(|i| i.addr != self.master && i.connected && !i.sdown.is_down())
+            .all(|i| {
+                i.info_at.is_some_and(|t| match since {
+                    Some(s) => t >= s,
+                    None => now.saturating_duration_since(t) < observe::INFO_FAST,
+                })
+            })
+    }
+
+    /// Start a switchover that waited for fresh INFO, once every replica
+    /// was read (or after [`observe::INFO_FAST`]: selection decides then
+    /// with what there is).
+    fn try_pending_switchover(&mut self, now: Instant) {
+        let Some(p) = self.pending_switchover.as_ref() else {
+            return;
+        };
+        if !self.replicas_read_since(Some(p.since), now)
+            && now.saturating_duration_since(p.since) < observe::INFO_FAST
+        {
+            return;
+        }
+        if let Some(p) = self.pending_switchover.take() {
+            self.request_switchover(now, p.to, p.reply);
+            self.dirty = true;
+        }
+    }
+
     /// When the task must run next without a message: the regular tick,
     /// an instance's SDOWN deadline (so that SDOWN is seen when it is due,
     /// not at the next tick), or the end of the pre-election delay.
     fn next_wake(&self, next_tick: Instant) -> Instant {
+        let now = Instant::now();
         self.instances
             .values()
             .filter_map(|i| i.sdown.deadline())
             .chain(self.election.deadline())
+            .chain(self.suspect_deadline(now))
             .fold(next_tick, Instant::min)
     }
 
@@ -431,6 +500,7 @@ impl Group {
         let tick = tick_period(&self.cfg);
         let now = Instant::now();
         let active = self.failover.is_some()
+            || self.pending_switchover.is_some()
             || self.election.busy()
             || self.election.odown_since().is_some()
             || self.master_role_down
@@ -448,6 +518,7 @@ impl Group {
     fn on_tick(&mut self) {
         let now = Instant::now();
         self.notice_stall(now);
+        self.try_pending_switchover(now);
         self.observe_tick(now);
         self.step_election(now, |e, o| e.tick(o));
         if self.failover.is_some() {

@@ -38,7 +38,23 @@ pub(super) struct Instance {
     pub(super) busy: bool,
     /// The `SCRIPT KILL` sent while it was SDOWN and busy.
     pub(super) script_kill: Option<KillAttempt>,
+    /// Its probe reads INFO every [`INFO_FAST`] (else every [`INFO_SLOW`]).
+    pub(super) info_fast: bool,
 }
+
+/// The INFO period of a master, of a replica out of place, and of every
+/// instance around a failover (Sentinel: 1 s during a failover).
+pub(super) const INFO_FAST: Duration = Duration::from_secs(1);
+
+/// The INFO period of a healthy replica while nothing happens (Sentinel's
+/// 10 s). Its PINGs go on at the PING period, so that its SDOWN is seen as
+/// soon as before; what INFO adds (offset, link, priority) matters only
+/// when a failover nears, and then every replica is read at once.
+pub(super) const INFO_SLOW: Duration = Duration::from_secs(10);
+
+/// How long after a change of master every instance stays at
+/// [`INFO_FAST`]: the replicas are re-pointed and resynchronise then.
+const AFTER_CHANGE: Duration = Duration::from_secs(10);
 
 /// One `SCRIPT KILL` (Sentinel's `script_kill_sent`).
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +104,19 @@ impl Instance {
             }) => false,
             Some(k) => now < k.sent_at + down_after,
         }
+    }
+
+    /// A replica where it belongs: up, following the group's master with
+    /// its link up, not loading or syncing. Only such a replica's INFO is
+    /// read slowly.
+    fn settled(&self) -> bool {
+        self.connected
+            && !self.sdown.is_down()
+            && !self.busy
+            && self.wrong_master_since.is_none()
+            && self.info.as_ref().is_some_and(|i| {
+                i.role == Role::Replica && i.master_link_up && !i.loading && !i.sync_in_progress
+            })
     }
 
     /// Reachable and read on its current connection: what it says now,
@@ -211,7 +240,7 @@ impl Group {
             group: self.cfg.name.clone(),
             addr: addr.clone(),
             ping_period: ping,
-            info_period: Duration::from_secs(1).max(ping),
+            info_period: INFO_FAST.max(ping),
             ping_timeout: self.cfg.down_after.max(Duration::from_millis(100)),
             client: self.client.clone(),
         };
@@ -239,12 +268,72 @@ impl Group {
                 wrong_master_since: None,
                 busy: false,
                 script_kill: None,
+                info_fast: true,
             },
         );
         if *addr != self.master {
             self.emit(EventKind::Slave, &Detail::Replica(addr.clone()));
         }
         self.dirty = true;
+    }
+
+    /// Whether every instance's INFO is wanted every [`INFO_FAST`]: a
+    /// failover, an election or a switchover under way or just over, the
+    /// master down, silent for half of `down_after`, or reporting
+    /// `role:slave`. Replica selection then finds fresh INFO everywhere
+    /// (it refuses INFO older than a few PING periods).
+    pub(super) fn info_watch(&self, now: Instant) -> bool {
+        self.failover.is_some()
+            || self.pending_switchover.is_some()
+            || self.election.busy()
+            || self.election.odown_since().is_some()
+            || self.master_role_down
+            || now.saturating_duration_since(self.master_since) < AFTER_CHANGE
+            || self.instances.get(&self.master).is_none_or(|i| {
+                !i.connected
+                    || i.sdown.is_down()
+                    || now.saturating_duration_since(i.sdown.last_valid()) >= self.suspect_after()
+            })
+    }
+
+    /// A master silent this long makes every replica's INFO wanted.
+    pub(super) fn suspect_after(&self) -> Duration {
+        self.cfg.down_after / 2
+    }
+
+    /// When the master becomes suspect if it stays silent (a wake-up of
+    /// the task, so that the replicas are read before SDOWN is due).
+    pub(super) fn suspect_deadline(&self, now: Instant) -> Option<Instant> {
+        let at = self.instances.get(&self.master)?.sdown.last_valid() + self.suspect_after();
+        (at > now).then_some(at)
+    }
+
+    /// Give each probe its INFO period: [`INFO_FAST`] for the master, for
+    /// replicas out of place and for everything while [`Group::info_watch`]
+    /// holds; [`INFO_SLOW`] for the other replicas. A probe whose INFO is
+    /// older than its new period reads it at once.
+    pub(super) fn update_info_cadence(&mut self, now: Instant) {
+        let watch = self.info_watch(now);
+        let ping = self.cfg.ping_period();
+        let master = self.master.clone();
+        for inst in self.instances.values_mut() {
+            let fast = watch || inst.addr == master || !inst.settled();
+            if fast != inst.info_fast {
+                inst.info_fast = fast;
+                if let Some(p) = inst.probe.as_ref() {
+                    p.set_info_period(if fast { INFO_FAST } else { INFO_SLOW }.max(ping));
+                }
+            }
+        }
+    }
+
+    /// Every instance but the master.
+    pub(super) fn replica_addrs(&self) -> Vec<Addr> {
+        self.instances
+            .keys()
+            .filter(|a| **a != self.master)
+            .cloned()
+            .collect()
     }
 
     /// Ask `addr`'s probe for an INFO now.
@@ -335,10 +424,14 @@ impl Group {
                         new_replicas.push(Addr::new(r.ip.clone(), r.port));
                     }
                 }
-                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => addr.to_string(), "role" => "master")
-                    .set(if info.role == Role::Master { 1.0 } else { 0.0 });
-                metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => addr.to_string(), "role" => "replica")
-                    .set(if info.role == Role::Replica { 1.0 } else { 0.0 });
+                // Set on change only: two registry look-ups per INFO
+                // were a measurable share of the CPU.
+                if old_role != Some(info.role) {
+                    metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => addr.to_string(), "role" => "master")
+                        .set(if info.role == Role::Master { 1.0 } else { 0.0 });
+                    metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => addr.to_string(), "role" => "replica")
+                        .set(if info.role == Role::Replica { 1.0 } else { 0.0 });
+                }
                 inst.info = Some(*info);
                 inst.info_at = Some(at);
             }

@@ -9,6 +9,7 @@ pub(crate) mod sdown;
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc};
@@ -81,7 +82,7 @@ pub struct ProbeSettings {
     pub addr: Addr,
     /// PING cadence.
     pub ping_period: Duration,
-    /// INFO cadence.
+    /// INFO cadence at the start ([`ProbeHandle::set_info_period`] changes it).
     pub info_period: Duration,
     /// How long a PING may stay unanswered before the connection is
     /// considered stuck and re-established.
@@ -90,17 +91,44 @@ pub struct ProbeSettings {
     pub client: ClientOptions,
 }
 
+/// What the group tells a running probe: INFO now, and how often.
+#[derive(Debug)]
+struct Control {
+    /// Wakes the probe when one of the fields changed.
+    wake: Notify,
+    /// An INFO is wanted as soon as possible.
+    info_asap: AtomicBool,
+    /// The INFO period, in milliseconds.
+    info_period_ms: AtomicU64,
+}
+
+impl Control {
+    fn info_period(&self) -> Duration {
+        Duration::from_millis(self.info_period_ms.load(Ordering::Relaxed))
+    }
+}
+
 /// Control handle of a running probe; dropping it stops the probe.
 #[derive(Debug)]
 pub struct ProbeHandle {
     cancel: CancellationToken,
-    info_now: Arc<Notify>,
+    control: Arc<Control>,
 }
 
 impl ProbeHandle {
     /// Ask for an INFO as soon as possible (e.g. during a failover).
     pub fn refresh_info(&self) {
-        self.info_now.notify_one();
+        self.control.info_asap.store(true, Ordering::Relaxed);
+        self.control.wake.notify_one();
+    }
+
+    /// Read INFO every `period` from now on (counted from the last INFO:
+    /// a shorter period takes effect at once).
+    pub fn set_info_period(&self, period: Duration) {
+        let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX).max(1);
+        if self.control.info_period_ms.swap(ms, Ordering::Relaxed) != ms {
+            self.control.wake.notify_one();
+        }
     }
 
     /// Stop the probe.
@@ -124,25 +152,34 @@ pub fn spawn(
 ) -> ProbeHandle {
     m::register_instance(&settings.group, &settings.addr.to_string());
     let cancel = parent.child_token();
-    let info_now = Arc::new(Notify::new());
+    let control = Arc::new(Control {
+        wake: Notify::new(),
+        info_asap: AtomicBool::new(false),
+        info_period_ms: AtomicU64::new(0),
+    });
     let handle = ProbeHandle {
         cancel: cancel.clone(),
-        info_now: info_now.clone(),
+        control: control.clone(),
     };
+    handle.set_info_period(settings.info_period);
     tokio::spawn(async move {
         tokio::select! {
             _ = cancel.cancelled() => {}
-            _ = run(settings, tx, info_now) => {}
+            _ = run(settings, tx, control) => {}
         }
     });
     handle
 }
 
-async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, info_now: Arc<Notify>) {
+async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, ctl: Arc<Control>) {
     let addr_s = s.addr.to_string();
+    // Looked up once: a lookup allocates both labels and searches the
+    // registry, and with thousands of instances every PING paid for it.
+    let duration = metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), m::SERVER_LABEL => addr_s.clone());
     let mut conn: Option<Connection> = None;
     let mut next_ping = Instant::now();
-    let mut next_info = Instant::now();
+    // When INFO was last asked for (None: at once).
+    let mut last_info: Option<Instant> = None;
     loop {
         if conn.is_none() {
             match Connection::connect(&addr_s, &s.client).await {
@@ -150,7 +187,7 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, info_now: Arc<Notif
                     conn = Some(c);
                     // A (re)connected instance is read at once: a returning
                     // old master must be seen, and demoted, without delay.
-                    next_info = Instant::now();
+                    last_info = None;
                     next_ping = Instant::now();
                 }
                 Err(e) => {
@@ -170,17 +207,21 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, info_now: Arc<Notif
         }
         let Some(c) = conn.as_mut() else { continue };
         let now = Instant::now();
+        if ctl.info_asap.swap(false, Ordering::Relaxed) {
+            last_info = None;
+        }
+        let next_info = last_info.map_or(now, |t| t + ctl.info_period());
         let result = if now >= next_info {
-            next_info = now + s.info_period;
-            info_round(&s, c, &tx).await
+            last_info = Some(now);
+            info_round(&s, c, &tx, &duration).await
         } else if now >= next_ping {
             next_ping = now + s.ping_period;
-            ping_round(&s, c, &tx).await
+            ping_round(&s, c, &tx, &duration).await
         } else {
             let wake = next_ping.min(next_info);
             tokio::select! {
                 _ = tokio::time::sleep_until(wake) => {}
-                _ = info_now.notified() => { next_info = Instant::now(); }
+                _ = ctl.wake.notified() => {}
             }
             continue;
         };
@@ -210,6 +251,7 @@ async fn ping_round(
     s: &ProbeSettings,
     c: &mut Connection,
     tx: &mpsc::Sender<ProbeEvent>,
+    duration: &metrics::Histogram,
 ) -> Result<bool, RespError> {
     let start = Instant::now();
     let reply = c.call_timeout(["PING"], s.ping_timeout).await;
@@ -217,8 +259,7 @@ async fn ping_round(
     let valid = sdown::is_valid_ping_reply(&reply);
     let latency = at - start;
     if valid {
-        metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), m::SERVER_LABEL => s.addr.to_string())
-            .record(latency.as_secs_f64());
+        duration.record(latency.as_secs_f64());
     }
     let (error, fatal) = match &reply {
         Ok(_) if valid => (None, None),
@@ -250,6 +291,7 @@ async fn info_round(
     s: &ProbeSettings,
     c: &mut Connection,
     tx: &mpsc::Sender<ProbeEvent>,
+    duration: &metrics::Histogram,
 ) -> Result<bool, RespError> {
     let start = Instant::now();
     // `INFO` without arguments covers server, replication and persistence
@@ -266,8 +308,7 @@ async fn info_round(
     };
     let at = Instant::now();
     let info = info::parse_info(&text);
-    metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), m::SERVER_LABEL => s.addr.to_string())
-        .record((at - start).as_secs_f64());
+    duration.record((at - start).as_secs_f64());
     // INFO is also proof of life.
     let ping = ProbeEvent::Ping {
         addr: s.addr.clone(),
