@@ -278,6 +278,10 @@ fn a_fresh_daemon_exports_every_series_the_rules_and_the_dashboard_read() {
     // the first refusal, so a panel's rate() is simply empty until then;
     // tests/auth.rs checks it counts each refusal.
     names.insert("picket_api_refused_total");
+    // Registered only for a Kubernetes backend in pod-labels mode whose
+    // Service is named (this daemon has none); the waits it records are
+    // checked through the backend's gate status in tests/kubernetes.rs.
+    names.insert("picket_discovery_gate_wait_seconds");
     for (from, expr) in all_queries() {
         for n in picket_names(&expr) {
             assert!(

@@ -534,6 +534,12 @@ fn the_alerts_fire_and_resolve_on_a_real_prometheus_through_real_failures() {
     let span = t_prom.elapsed();
     let mut empty = Vec::new();
     for (title, expr) in dashboard_exprs() {
+        // Only with a Kubernetes backend in pod-labels mode whose Service is
+        // named, which this scenario has not (tests/kubernetes.rs checks the
+        // waits through the backend's gate status).
+        if expr.contains("picket_discovery_gate_wait_seconds") {
+            continue;
+        }
         let q = expr.replace("$job", "picket").replace("$group", ".+");
         let result = prom.query_range(&q, span);
         if result.is_empty() {
