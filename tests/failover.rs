@@ -865,15 +865,7 @@ fn planned_switchover_under_writes_loses_no_acknowledged_write_and_flushes_nothi
         dbsize(&topo.master) >= 50 + 50
     });
 
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_picket"))
-        .args([
-            "failover",
-            GROUP,
-            "--addr",
-            &cluster.nodes[0].resp.to_string(),
-        ])
-        .output()
-        .unwrap();
+    let out = picket_failover(&cluster);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -955,6 +947,91 @@ fn planned_switchover_under_writes_loses_no_acknowledged_write_and_flushes_nothi
         assert_fence_never_after_publish(n);
     }
     assert_eq!(promotions(&cluster).len(), 1);
+}
+
+/// `picket failover GROUP` against the first daemon.
+fn picket_failover(cluster: &PicketCluster) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_picket"))
+        .args([
+            "failover",
+            GROUP,
+            "--addr",
+            &cluster.nodes[0].resp.to_string(),
+        ])
+        .output()
+        .unwrap()
+}
+
+/// Wait until node 0 reads the replicas of `master` slowly (INFO older than
+/// 3 s) while it still reads the master every second.
+#[track_caller]
+fn wait_replicas_read_slowly(cluster: &PicketCluster, master: SocketAddr) {
+    let mut last = Value::Null;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < deadline {
+        let g = cluster.nodes[0].group(GROUP);
+        let instances = g["instances"].as_array().cloned().unwrap_or_default();
+        let age = |i: &Value| i["info_age_ms"].as_u64();
+        let master_fresh = instances
+            .iter()
+            .any(|i| sock(&i["addr"]) == Some(master) && age(i).is_some_and(|a| a < 2500));
+        let replicas: Vec<&Value> = instances
+            .iter()
+            .filter(|i| sock(&i["addr"]) != Some(master))
+            .collect();
+        if master_fresh
+            && !replicas.is_empty()
+            && replicas.iter().all(|i| age(i).is_some_and(|a| a > 3000))
+        {
+            return;
+        }
+        last = g;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("the replicas of {master} were not read slowly: {last:#}");
+}
+
+#[test]
+fn healthy_replicas_are_read_slowly_and_failovers_still_select_on_fresh_info() {
+    let _serial = serial();
+    let s = setup(2, MEMORY);
+    let mut topo = s.topo;
+    let cluster = s.cluster;
+    let old = topo.master.addr();
+    // Settled replicas: INFO every 10 s, the master every second.
+    wait_replicas_read_slowly(&cluster, old);
+
+    // A switchover now: selection refuses INFO older than a few PING
+    // periods, so the replicas are read first.
+    let out = picket_failover(&cluster);
+    assert!(
+        out.status.success(),
+        "{}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        cluster.logs()
+    );
+    let (second, _) = wait_agreed_new_master(&cluster, &[0, 1, 2], old, FAILOVER_BOUND);
+
+    // Settled again, then the new master dies: the replicas are read as
+    // soon as it falls silent, and the failover selects one at once.
+    wait_replicas_read_slowly(&cluster, second);
+    let dying = topo
+        .replicas
+        .iter_mut()
+        .find(|r| r.addr() == second)
+        .expect("a replica took over");
+    dying.kill9();
+    let (third, _) = wait_agreed_new_master(&cluster, &[0, 1, 2], second, FAILOVER_BOUND);
+    assert_ne!(third, second);
+    for n in &cluster.nodes {
+        assert_eq!(
+            n.count_event("-failover-abort-no-good-slave"),
+            0,
+            "{}",
+            n.logs()
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------

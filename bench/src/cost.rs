@@ -40,8 +40,10 @@ pub struct CostRow {
     pub down_after_ms: u64,
     /// Resulting PING period per instance.
     pub ping_period_ms: u64,
-    /// Resulting INFO period per instance.
+    /// Resulting INFO period of a master.
     pub info_period_ms: u64,
+    /// Resulting INFO period of a healthy replica.
+    pub replica_info_period_ms: u64,
     /// Start until every instance was known and connected.
     pub ready_s: f64,
     /// CPU over the window, percent of one core.
@@ -56,18 +58,38 @@ pub struct CostRow {
     pub window_s: f64,
 }
 
+impl CostRow {
+    /// CPU time per PING sent, in microseconds: the CPU per instance per
+    /// probe per second. Constant across sizes when the cost grows
+    /// linearly with the instances.
+    pub fn cpu_us_per_ping(&self) -> f64 {
+        let pings_per_s = self.instances as f64 * 1000.0 / self.ping_period_ms.max(1) as f64;
+        if pings_per_s > 0.0 {
+            self.cpu_pct / 100.0 * 1e6 / pings_per_s
+        } else {
+            f64::NAN
+        }
+    }
+}
+
 /// picket's probe cadence for a down_after (src/config.rs `ping_period`,
-/// src/group `info_period`).
-pub fn picket_cadence(down_after: Duration) -> (Duration, Duration) {
+/// src/group/observe.rs `INFO_FAST`, `INFO_SLOW`): PING, INFO of a master,
+/// INFO of a healthy replica.
+pub fn picket_cadence(down_after: Duration) -> (Duration, Duration, Duration) {
     let ping = (down_after / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
-    (ping, Duration::from_secs(1).max(ping))
+    (
+        ping,
+        Duration::from_secs(1).max(ping),
+        Duration::from_secs(10).max(ping),
+    )
 }
 
 /// redis-sentinel's cadence (sentinel.c: ping period min(down-after, 1 s),
-/// INFO every 10 s while the master is healthy).
-pub fn sentinel_cadence(down_after: Duration) -> (Duration, Duration) {
+/// INFO every 10 s while the master is healthy, masters and replicas alike).
+pub fn sentinel_cadence(down_after: Duration) -> (Duration, Duration, Duration) {
     (
         down_after.min(Duration::from_secs(1)),
+        Duration::from_secs(10),
         Duration::from_secs(10),
     )
 }
@@ -100,44 +122,61 @@ impl Targets {
     }
 }
 
+/// Instances per stand-in process: a listener and a connection each
+/// (Sentinel: two) stay well within a 20,000 open-file limit.
+const PER_TARGET_PROCESS: usize = 4000;
+
 async fn start_fake(env: &Env, dir: &Path, n: usize, o: &CostOpts) -> anyhow::Result<Targets> {
-    let layout_path = dir.join("layout.json");
     let exe = std::env::current_exe().context("cannot find picket-bench's own binary")?;
-    let p = Proc::spawn(
-        "targets",
-        &exe,
-        &[
-            "targets".into(),
-            "--count".into(),
-            n.to_string(),
-            "--per-group".into(),
-            o.per_group.to_string(),
-            "--net".into(),
-            o.net.clone(),
-            "--layout-out".into(),
-            layout_path.display().to_string(),
-        ],
-        &[],
-        &dir.join("targets.log"),
-    )?;
-    let lp = layout_path.clone();
-    wait_until(
-        "the targets to listen",
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || {
-            let lp = lp.clone();
-            async move { lp.exists() }
-        },
-    )
-    .await
-    .with_context(|| p.log_tail(10))?;
-    let layout: Layout = serde_json::from_slice(&std::fs::read(&layout_path)?)?;
+    let per_group = o.per_group.max(1);
+    let chunk = (PER_TARGET_PROCESS / per_group).max(1) * per_group;
+    let mut procs = Vec::new();
+    let mut paths = Vec::new();
+    let mut first = 0;
+    while first < n {
+        let count = chunk.min(n - first);
+        let layout_path = dir.join(format!("layout-{first}.json"));
+        procs.push(Proc::spawn(
+            "targets",
+            &exe,
+            &[
+                "targets".into(),
+                "--first".into(),
+                first.to_string(),
+                "--count".into(),
+                count.to_string(),
+                "--per-group".into(),
+                o.per_group.to_string(),
+                "--net".into(),
+                o.net.clone(),
+                "--layout-out".into(),
+                layout_path.display().to_string(),
+            ],
+            &[],
+            &dir.join(format!("targets-{first}.log")),
+        )?);
+        paths.push(layout_path);
+        first += count;
+    }
+    let mut layout = Layout { groups: Vec::new() };
+    for (p, lp) in procs.iter().zip(&paths) {
+        let wait_for = lp.clone();
+        wait_until(
+            "the targets to listen",
+            Duration::from_secs(60),
+            Duration::from_millis(50),
+            || {
+                let lp = wait_for.clone();
+                async move { lp.exists() }
+            },
+        )
+        .await
+        .with_context(|| p.log_tail(10))?;
+        let part: Layout = serde_json::from_slice(&std::fs::read(lp)?)?;
+        layout.groups.extend(part.groups);
+    }
     let _ = env;
-    Ok(Targets {
-        procs: vec![p],
-        layout,
-    })
+    Ok(Targets { procs, layout })
 }
 
 async fn start_real(env: &Env, dir: &Path, n: usize, o: &CostOpts) -> anyhow::Result<Targets> {
@@ -271,6 +310,13 @@ pub async fn measure(
         std::fs::remove_dir_all(&dir)?;
     }
     std::fs::create_dir_all(&dir)?;
+    // The manager holds a connection per instance (Sentinel: two).
+    let per_instance = if side == Side::RedisSentinel { 2 } else { 1 };
+    let want = n as u64 * per_instance + 1024;
+    let limit = crate::procs::raise_nofile(want);
+    if limit < want {
+        eprint!("(open-file limit {limit} < {want}: connections may fail) ");
+    }
     let targets = match kind {
         TargetKind::Fake => start_fake(env, &dir, n, o).await?,
         TargetKind::Redis => start_real(env, &dir, n, o).await?,
@@ -350,7 +396,7 @@ pub async fn measure(
     rss.push(r1 as f64 / 1024.0);
     let window = t0.elapsed().as_secs_f64();
     let t_c1 = targets.cpu_ticks();
-    let (ping, info) = match side {
+    let (ping, info, replica_info) = match side {
         Side::Picket | Side::PicketTls => picket_cadence(down_after),
         Side::RedisSentinel => sentinel_cadence(down_after),
     };
@@ -364,6 +410,7 @@ pub async fn measure(
         down_after_ms: down_after.as_millis() as u64,
         ping_period_ms: ping.as_millis() as u64,
         info_period_ms: info.as_millis() as u64,
+        replica_info_period_ms: replica_info.as_millis() as u64,
         ready_s,
         cpu_pct: (c1 - c0) as f64 / USER_HZ / window * 100.0,
         rss_mib: rss.iter().sum::<f64>() / rss.len() as f64,
@@ -379,25 +426,43 @@ mod tests {
 
     #[test]
     fn cadences() {
+        let s = Duration::from_secs;
+        assert_eq!(picket_cadence(s(4)), (s(1), s(1), s(10)));
         assert_eq!(
-            picket_cadence(Duration::from_secs(4)),
-            (Duration::from_secs(1), Duration::from_secs(1))
-        );
-        assert_eq!(
-            picket_cadence(Duration::from_secs(1)),
-            (Duration::from_millis(250), Duration::from_secs(1))
+            picket_cadence(s(1)),
+            (Duration::from_millis(250), s(1), s(10))
         );
         assert_eq!(
             picket_cadence(Duration::from_millis(40)),
-            (Duration::from_millis(20), Duration::from_secs(1))
+            (Duration::from_millis(20), s(1), s(10))
         );
-        assert_eq!(
-            sentinel_cadence(Duration::from_secs(4)),
-            (Duration::from_secs(1), Duration::from_secs(10))
-        );
+        assert_eq!(sentinel_cadence(s(4)), (s(1), s(10), s(10)));
         assert_eq!(
             sentinel_cadence(Duration::from_millis(500)),
-            (Duration::from_millis(500), Duration::from_secs(10))
+            (Duration::from_millis(500), s(10), s(10))
         );
+    }
+
+    #[test]
+    fn cpu_per_ping() {
+        let row = |n: usize, ping: u64, cpu: f64| CostRow {
+            side: Side::Picket,
+            instances: n,
+            groups: n / 2,
+            targets: TargetKind::Fake,
+            down_after_ms: ping * 4,
+            ping_period_ms: ping,
+            info_period_ms: 1000,
+            replica_info_period_ms: 10000,
+            ready_s: 0.0,
+            cpu_pct: cpu,
+            rss_mib: 0.0,
+            rss_max_mib: 0.0,
+            targets_cpu_pct: 0.0,
+            window_s: 60.0,
+        };
+        // 1,000 PINGs a second for 5 % of a core: 50 µs each.
+        assert!((row(1000, 1000, 5.0).cpu_us_per_ping() - 50.0).abs() < 1e-9);
+        assert!((row(1000, 250, 20.0).cpu_us_per_ping() - 50.0).abs() < 1e-9);
     }
 }

@@ -86,6 +86,10 @@ enum Cmd {
     /// (internal) serve stand-in Redis instances for `cost`.
     #[command(hide = true)]
     Targets {
+        /// Index of the first instance (its address); several processes
+        /// share a large count, each within its open-file limit.
+        #[arg(long, default_value_t = 0)]
+        first: usize,
         #[arg(long)]
         count: usize,
         #[arg(long, default_value_t = 2)]
@@ -140,8 +144,12 @@ struct Opts {
     #[arg(long, global = true, value_parser = humantime::parse_duration, default_value = "30s")]
     demote_wait: Duration,
     /// Instance counts of the cost measurement.
-    #[arg(long, global = true, value_parser = counts, default_value = "100,1000")]
+    #[arg(long, global = true, value_parser = counts, default_value = "100,1000,10000")]
     cost_sizes: std::vec::Vec<usize>,
+    /// redis-sentinel is measured only up to this many instances (at
+    /// 10,000 it takes minutes to discover its replicas).
+    #[arg(long, global = true, default_value_t = 1000)]
+    cost_sentinel_max: usize,
     /// Instances per group in the cost measurement (master + replicas).
     #[arg(long, global = true, default_value_t = 2)]
     per_group: usize,
@@ -212,6 +220,7 @@ struct Results {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Cmd::Targets {
+        first,
         count,
         per_group,
         net,
@@ -230,7 +239,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        return match rt.block_on(targets::serve(*count, *per_group, net, layout_out)) {
+        return match rt.block_on(targets::serve(*first, *count, *per_group, net, layout_out)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("targets: {e:#}");
@@ -481,12 +490,14 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
         };
         let mut plan: Vec<(Side, usize, Duration, TargetKind)> = Vec::new();
         for &n in &o.cost_sizes {
-            plan.push((
-                Side::RedisSentinel,
-                n,
-                o.cost_sentinel_down_after,
-                TargetKind::Fake,
-            ));
+            if n <= o.cost_sentinel_max {
+                plan.push((
+                    Side::RedisSentinel,
+                    n,
+                    o.cost_sentinel_down_after,
+                    TargetKind::Fake,
+                ));
+            }
             for &da in &o.cost_picket_down_after {
                 plan.push((Side::Picket, n, da, TargetKind::Fake));
             }

@@ -252,6 +252,38 @@ pub fn proc_usage(pid: u32) -> Option<(u64, u64)> {
 /// Linux architecture the benchmark runs on.
 pub const USER_HZ: f64 = 100.0;
 
+/// Raise this process's open-file limit (inherited by what it starts) to at
+/// least `want`, the hard limit too when allowed (root); returns the soft
+/// limit in force afterwards. At 10,000 instances the stand-in needs a
+/// listener and a connection per instance (and Sentinel a second one),
+/// beyond the usual 20,000.
+pub fn raise_nofile(want: u64) -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let cur = getrlimit(Resource::Nofile);
+    let soft = cur.current.unwrap_or(u64::MAX);
+    if soft >= want {
+        return soft;
+    }
+    let hard = cur.maximum.unwrap_or(u64::MAX);
+    let raised = Rlimit {
+        current: Some(want),
+        maximum: Some(hard.max(want)),
+    };
+    if setrlimit(Resource::Nofile, raised).is_ok() {
+        return want;
+    }
+    // Not allowed above the hard limit: as far as it goes.
+    let capped = Rlimit {
+        current: Some(hard.min(want)),
+        maximum: cur.maximum,
+    };
+    if setrlimit(Resource::Nofile, capped).is_ok() {
+        hard.min(want)
+    } else {
+        soft
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

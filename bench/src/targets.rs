@@ -45,9 +45,11 @@ struct Instance {
     hello: broadcast::Sender<(Bytes, Bytes)>,
 }
 
-/// Bind `count` instances in groups of `per_group`, write the layout as JSON
-/// to `layout_out`, then serve until killed.
+/// Bind `count` instances (the `first`-th on, for the addresses) in groups
+/// of `per_group`, write the layout as JSON to `layout_out`, then serve
+/// until killed.
 pub async fn serve(
+    first: usize,
     count: usize,
     per_group: usize,
     net: &str,
@@ -56,7 +58,7 @@ pub async fn serve(
     let per_group = per_group.max(1);
     let mut listeners = Vec::with_capacity(count);
     let mut addrs = Vec::with_capacity(count);
-    for i in 0..count {
+    for i in first..first + count {
         let ip = target_ip(net, i);
         let ipaddr: std::net::IpAddr = ip.parse().with_context(|| format!("bad address {ip}"))?;
         anyhow::ensure!(ipaddr.is_loopback(), "{ip} is not a loopback address");
