@@ -353,7 +353,6 @@ async fn run(
                 }
             }
         }
-        g.update_info_cadence(Instant::now());
         // The view is published when something in it changed (a burst of
         // changes once per VIEW_MIN_GAP; a new master at once), and once a
         // second for its ages: rebuilding every group's view ten times a
@@ -362,10 +361,18 @@ async fn run(
         let since = now.duration_since(last_view);
         if g.urgent || (g.dirty && since >= VIEW_MIN_GAP) || since >= VIEW_REFRESH {
             g.publish_view();
+            if g.urgent {
+                // The hello is built from the published views: asked for
+                // before this publication (a new master, SDOWN), it may
+                // have carried the old view, and the peers would have
+                // learnt the change only from the next periodic hello.
+                g.ctx.hello_now.notify_one();
+            }
             g.dirty = false;
             g.urgent = false;
             last_view = now;
         }
+        g.update_info_cadence(now);
     }
     // Background retries of the discovery backends end with the group too.
     g.discovery.shutdown();
