@@ -305,6 +305,13 @@ fn two_names_for_one_server_are_one_instance() {
                 .is_ok_and(|i| i.contains("ip=redis-a2") && i.contains("state=online"))
         },
     );
+    // The second name is an instance until its first probe resolves it
+    // (one round trip), then an alias of the first, for good.
+    wait_for(
+        "the second name merged into the first",
+        Duration::from_secs(10),
+        || p.stderr().contains("one server under two names") && instances(&group(http)) == want,
+    );
     for _ in 0..10 {
         let g = group(http);
         assert_eq!(
