@@ -60,6 +60,18 @@ impl Addr {
                 || resolved.is_some_and(|ip| host.parse::<IpAddr>().is_ok_and(|h| h == ip)))
     }
 
+    /// How this address is given to clients and servers: as written with
+    /// `announce_hostnames` or when the name's IP is not known yet,
+    /// otherwise the IP the name resolved to (`resolved`).
+    pub fn announced(&self, resolved: Option<IpAddr>, announce_hostnames: bool) -> Addr {
+        match resolved {
+            Some(ip) if !announce_hostnames && self.ip().is_none() => {
+                Addr::new(ip.to_string(), self.port)
+            }
+            _ => self.clone(),
+        }
+    }
+
     /// The host as an IP, when it is one.
     pub fn ip(&self) -> Option<IpAddr> {
         self.host.parse().ok()
@@ -133,6 +145,11 @@ mod tests {
         assert!(!named.is_reported_as(Some(ip), Some("10.0.0.5"), Some(6380)));
         assert!(!named.is_reported_as(Some(ip), Some("10.0.0.6"), Some(6379)));
         assert!(!named.is_reported_as(Some(ip), None, Some(6379)));
+        assert_eq!(named.announced(Some(ip), false).to_string(), "10.0.0.5:6379");
+        assert_eq!(named.announced(Some(ip), true), named);
+        assert_eq!(named.announced(None, false), named);
+        let by_ip = Addr::new("10.0.0.7", 6379);
+        assert_eq!(by_ip.announced(Some(ip), false), by_ip);
         assert_eq!(Addr::new("::1", 1).ip(), "::1".parse().ok());
         assert_eq!(named.ip(), None);
     }

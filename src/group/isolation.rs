@@ -172,12 +172,14 @@ impl FenceState {
 /// The sight a daemon reports for a group, from its published view.
 pub fn replica_sight(v: &GroupView) -> ReplicaSight {
     let mut s = ReplicaSight::default();
+    // A named master is followed by its IP (servers are told IPs).
+    let master_ip = v.master_view().and_then(|m| m.ip);
     for r in v.replicas().filter(|r| r.up) {
         s.up += 1;
         if r.role == Role::Replica
             && r.master_link_up
-            && r.master_host.as_deref() == Some(v.master.host.as_str())
-            && r.master_port == Some(v.master.port)
+            && v.master
+                .is_reported_as(master_ip, r.master_host.as_deref(), r.master_port)
         {
             s.linked += 1;
         }

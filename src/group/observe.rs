@@ -140,13 +140,23 @@ impl Group {
         if let Some(known) = self.aliases.get(addr) {
             return known.clone();
         }
-        let Some(ip) = addr.ip() else {
-            return addr.clone();
-        };
+        addr.ip()
+            .and_then(|ip| self.named_at(ip, addr.port, addr))
+            .unwrap_or_else(|| addr.clone())
+    }
+
+    /// The instance known by a name (not `except`) that last resolved to
+    /// `ip`, on `port`.
+    fn named_at(&self, ip: IpAddr, port: u16, except: &Addr) -> Option<Addr> {
         self.instances
             .values()
-            .find(|i| i.addr.port == addr.port && i.addr.ip().is_none() && i.ip == Some(ip))
-            .map_or_else(|| addr.clone(), |i| i.addr.clone())
+            .find(|i| {
+                i.addr != *except
+                    && i.addr.port == port
+                    && i.addr.ip().is_none()
+                    && i.ip == Some(ip)
+            })
+            .map(|i| i.addr.clone())
     }
 
     /// The IP `addr`'s name resolved to when it was last reached (its own
@@ -163,13 +173,7 @@ impl Group {
     /// default: servers are told IPs, so what they report matches what
     /// the master lists).
     pub(super) fn wire(&self, addr: &Addr) -> Addr {
-        if self.cfg.announce_hostnames {
-            return addr.clone();
-        }
-        match self.ip_of(addr) {
-            Some(ip) => Addr::new(ip.to_string(), addr.port),
-            None => addr.clone(),
-        }
+        addr.announced(self.ip_of(addr), self.cfg.announce_hostnames)
     }
 
     /// How the master's INFO lists `addr` among its replicas (what
@@ -201,17 +205,7 @@ impl Group {
             tracing::info!(group = %self.cfg.name, instance = %addr, %twin, "one server under two addresses: keeping its name");
             self.forget_instance(&twin);
         }
-        let named_twin = self
-            .instances
-            .values()
-            .find(|i| {
-                i.addr != *addr
-                    && i.addr.port == addr.port
-                    && i.addr.ip().is_none()
-                    && i.ip == Some(ip)
-            })
-            .map(|i| i.addr.clone());
-        if let Some(known) = named_twin
+        if let Some(known) = self.named_at(ip, addr.port, addr)
             && *addr != self.master
         {
             tracing::info!(group = %self.cfg.name, instance = %addr, %known, "one server under two names: keeping the first");

@@ -349,14 +349,12 @@ impl GroupView {
     /// `announce_hostnames`, otherwise the IP its name resolved to (when
     /// known), as Sentinel with `resolve-hostnames` does.
     pub fn announced(&self, addr: &Addr) -> Addr {
-        if self.announce_hostnames || addr.ip().is_some() {
-            return addr.clone();
-        }
-        self.instances
+        let ip = self
+            .instances
             .iter()
             .find(|i| i.addr == *addr)
-            .and_then(|i| i.ip)
-            .map_or_else(|| addr.clone(), |ip| Addr::new(ip.to_string(), addr.port))
+            .and_then(|i| i.ip);
+        addr.announced(ip, self.announce_hostnames)
     }
 
     /// The master's instance view.
