@@ -145,7 +145,10 @@ mod tests {
         assert!(!named.is_reported_as(Some(ip), Some("10.0.0.5"), Some(6380)));
         assert!(!named.is_reported_as(Some(ip), Some("10.0.0.6"), Some(6379)));
         assert!(!named.is_reported_as(Some(ip), None, Some(6379)));
-        assert_eq!(named.announced(Some(ip), false).to_string(), "10.0.0.5:6379");
+        assert_eq!(
+            named.announced(Some(ip), false).to_string(),
+            "10.0.0.5:6379"
+        );
         assert_eq!(named.announced(Some(ip), true), named);
         assert_eq!(named.announced(None, false), named);
         let by_ip = Addr::new("10.0.0.7", 6379);
