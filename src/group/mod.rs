@@ -319,37 +319,58 @@ async fn run(
     let mut next_tick = Instant::now();
     let mut last_view = Instant::now();
     let cancel = g.effects.cancel().clone();
+    // Kept across iterations: a timer and a cancellation future made anew
+    // at every message were registered and freed a thousand times a
+    // second with a thousand instances.
+    let cancelled = cancel.cancelled();
+    tokio::pin!(cancelled);
+    let sleep = tokio::time::sleep_until(next_tick);
+    tokio::pin!(sleep);
+    // Whether the INFO cadences must be looked at again: not after a PING
+    // that changed nothing, by far the most frequent message.
+    let mut cadence_due = true;
     loop {
         let mut wake = g.next_wake(next_tick);
         if g.dirty {
             wake = wake.min(last_view + VIEW_MIN_GAP);
         }
+        if sleep.deadline() != wake {
+            sleep.as_mut().reset(wake);
+        }
         tokio::select! {
-            _ = cancel.cancelled() => break,
+            _ = &mut cancelled => break,
             Some(ev) = probe_rx.recv() => {
                 let info = matches!(ev, ProbeEvent::Info { .. });
-                g.on_probe(ev);
+                cadence_due |= g.on_probe(ev);
                 if info {
                     g.try_pending_switchover(Instant::now());
                 }
             }
             Some(msg) = rx.recv() => {
                 g.on_msg(msg);
+                cadence_due = true;
                 g.dirty = true;
             }
             Some(int) = internal_rx.recv() => {
                 g.on_internal(int);
+                cadence_due = true;
                 g.dirty = true;
             }
             Ok(()) = g.peer_rx.changed() => {
                 g.check_peer_configs(Instant::now());
+                cadence_due = true;
                 g.dirty = true;
             }
-            _ = tokio::time::sleep_until(wake) => {
+            _ = &mut sleep => {
                 g.on_tick();
+                cadence_due = true;
                 let now = Instant::now();
                 if now >= next_tick {
-                    next_tick = now + g.tick_period_now();
+                    // On the probes' grid: the groups tick in the wake-ups
+                    // that send the PINGs (see `probe::grain`).
+                    let period = g.tick_period_now();
+                    let t = crate::probe::on_grid(now + period, crate::probe::grain(g.cfg.ping_period()));
+                    next_tick = if t > now { t } else { now + period };
                 }
             }
         }
@@ -372,7 +393,10 @@ async fn run(
             g.urgent = false;
             last_view = now;
         }
-        g.update_info_cadence(now);
+        if cadence_due {
+            g.update_info_cadence(now);
+            cadence_due = false;
+        }
     }
     // Background retries of the discovery backends end with the group too.
     g.discovery.shutdown();

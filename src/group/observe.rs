@@ -238,7 +238,7 @@ impl Group {
             ping_timeout: self.cfg.down_after.max(Duration::from_millis(100)),
             client: self.client.clone(),
         };
-        let probe = probe::spawn(settings, self.probe_tx.clone(), self.effects.cancel());
+        let probe = probe::spawn(settings, self.probe_tx.clone());
         let now = Instant::now();
         // Up until SDOWN says otherwise, as in the view; without this the
         // gauge would only appear at the first +sdown.
@@ -309,9 +309,44 @@ impl Group {
     pub(super) fn update_info_cadence(&mut self, now: Instant) {
         let watch = self.info_watch(now);
         let ping = self.cfg.ping_period();
-        let master = self.master.clone();
-        for inst in self.instances.values_mut() {
-            let fast = watch || inst.addr == master || !inst.settled();
+        let Group {
+            instances, master, ..
+        } = self;
+        // What the master lists as online, from its own INFO (read every
+        // INFO_FAST): a replica it dropped or lists in another state has
+        // lost its link, whatever the replica's last INFO said ten
+        // seconds ago, and is read again at once.
+        let listed = instances
+            .get(master)
+            .filter(|m| m.fresh())
+            .and_then(|m| m.info.as_ref())
+            .filter(|i| {
+                // Dragonfly's `--managed_service_info` hides the list.
+                i.role == Role::Master
+                    && i.connected_replicas
+                        .is_none_or(|n| n as usize <= i.replicas.len())
+            })
+            .map(|i| i.replicas.as_slice());
+        let mut changed = Vec::new();
+        for inst in instances.values() {
+            let is_master = inst.addr == *master;
+            let online = is_master
+                || listed.is_none_or(|rs| {
+                    rs.iter().any(|r| {
+                        // Older Dragonfly says `stable_sync` for online.
+                        matches!(r.state.as_str(), "online" | "stable_sync")
+                            && inst.addr.is_reported_as(inst.ip, Some(&r.ip), Some(r.port))
+                    })
+                });
+            let fast = watch || is_master || !online || !inst.settled();
+            if fast != inst.info_fast {
+                changed.push((inst.addr.clone(), fast));
+            }
+        }
+        for (addr, fast) in changed {
+            let Some(inst) = instances.get_mut(&addr) else {
+                continue;
+            };
             if fast != inst.info_fast {
                 inst.info_fast = fast;
                 if let Some(p) = inst.probe.as_ref() {
@@ -348,15 +383,23 @@ impl Group {
                 .is_some_and(|i| i.sdown.is_down() && !i.busy_hold(now, self.cfg.down_after))
     }
 
-    pub(super) fn on_probe(&mut self, ev: ProbeEvent) {
+    /// Take in one probe report; whether it changed anything (a PING that
+    /// found the instance as it was, the most frequent report by far,
+    /// changes nothing and costs only the look-up).
+    pub(super) fn on_probe(&mut self, ev: ProbeEvent) -> bool {
         self.notice_stall(Instant::now());
         let addr = ev.addr().clone();
-        let group = self.cfg.name.clone();
-        let master = self.master.clone();
+        let is_master = addr == self.master;
+        let group = &self.cfg.name;
+        let plain_ping = matches!(ev, ProbeEvent::Ping { .. });
         let Some(inst) = self.instances.get_mut(&addr) else {
-            return;
+            return false;
         };
-        let before = inst.shown();
+        // A PING can change only these (and the error text, when it
+        // failed); comparing them spares two copies of the shown strings.
+        let quiet = |i: &Instance| (i.connected, i.busy, i.sdown.is_down(), i.last_error.is_none());
+        let before_ping = quiet(inst);
+        let before = (!plain_ping).then(|| inst.shown());
         let mut transition = None;
         let mut new_replicas = Vec::new();
         let mut kill = false;
@@ -413,7 +456,7 @@ impl Group {
                 if old_role != Some(info.role) {
                     inst.role_changed_at = Some(at);
                 }
-                if addr == master && info.role == Role::Master {
+                if is_master && info.role == Role::Master {
                     for r in &info.replicas {
                         new_replicas.push(Addr::new(r.ip.clone(), r.port));
                     }
@@ -430,12 +473,15 @@ impl Group {
                 inst.info_at = Some(at);
             }
         }
-        if self
-            .instances
-            .get(&addr)
-            .is_some_and(|i| i.shown() != before)
-        {
+        let shown_changed = match before {
+            Some(b) => inst.shown() != b,
+            None => quiet(inst) != before_ping || inst.last_error.is_some(),
+        };
+        if shown_changed {
             self.dirty = true;
+        }
+        if plain_ping && !shown_changed && transition.is_none() && !kill {
+            return false;
         }
         if let Some(t) = transition {
             self.on_sdown_transition(&addr, t);
@@ -454,6 +500,7 @@ impl Group {
         // demoted within the second it answers).
         self.check_topology(Instant::now());
         self.feed_reconfiguration(&addr);
+        true
     }
 
     fn kill_script(&mut self, addr: &Addr) {

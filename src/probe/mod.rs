@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::addr::Addr;
 use crate::metrics as m;
@@ -111,7 +111,7 @@ impl Control {
 /// Control handle of a running probe; dropping it stops the probe.
 #[derive(Debug)]
 pub struct ProbeHandle {
-    cancel: CancellationToken,
+    task: AbortHandle,
     control: Arc<Control>,
 }
 
@@ -133,41 +133,33 @@ impl ProbeHandle {
 
     /// Stop the probe.
     pub fn stop(&self) {
-        self.cancel.cancel();
+        self.task.abort();
     }
 }
 
 impl Drop for ProbeHandle {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        self.task.abort();
     }
 }
 
-/// Start a probe task; it reports on `tx` until `stop` or until `parent` is
-/// cancelled.
-pub fn spawn(
-    settings: ProbeSettings,
-    tx: mpsc::Sender<ProbeEvent>,
-    parent: &CancellationToken,
-) -> ProbeHandle {
+/// Start a probe task; it reports on `tx` until `stop`, or until the
+/// handle is dropped (with the group that owns it).
+///
+/// The task is aborted rather than told through a cancellation token: a
+/// token's future is polled (and its lock taken) at every wake-up of the
+/// probe, a measurable share of the CPU with thousands of instances.
+pub fn spawn(settings: ProbeSettings, tx: mpsc::Sender<ProbeEvent>) -> ProbeHandle {
     m::register_instance(&settings.group, &settings.addr.to_string());
-    let cancel = parent.child_token();
     let control = Arc::new(Control {
         wake: Notify::new(),
         info_asap: AtomicBool::new(false),
         info_period_ms: AtomicU64::new(0),
     });
-    let handle = ProbeHandle {
-        cancel: cancel.clone(),
-        control: control.clone(),
-    };
-    handle.set_info_period(settings.info_period);
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = cancel.cancelled() => {}
-            _ = run(settings, tx, control) => {}
-        }
-    });
+    let period = settings.info_period;
+    let task = tokio::spawn(run(settings, tx, control.clone())).abort_handle();
+    let handle = ProbeHandle { task, control };
+    handle.set_info_period(period);
     handle
 }
 
@@ -176,10 +168,18 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, ctl: Arc<Control>) 
     // Looked up once: a lookup allocates both labels and searches the
     // registry, and with thousands of instances every PING paid for it.
     let duration = metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), m::SERVER_LABEL => addr_s.clone());
+    let grain = grain(s.ping_period);
     let mut conn: Option<Connection> = None;
     let mut next_ping = Instant::now();
     // When INFO was last asked for (None: at once).
     let mut last_info: Option<Instant> = None;
+    // One timer and one wake-up registration, kept across the idle waits
+    // (re-created each time, they were registered and freed at every
+    // PING).
+    let sleep = tokio::time::sleep_until(next_ping);
+    tokio::pin!(sleep);
+    let woken = ctl.wake.notified();
+    tokio::pin!(woken);
     loop {
         if conn.is_none() {
             match Connection::connect(&addr_s, &s.client).await {
@@ -210,18 +210,24 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, ctl: Arc<Control>) 
         if ctl.info_asap.swap(false, Ordering::Relaxed) {
             last_info = None;
         }
-        let next_info = last_info.map_or(now, |t| t + ctl.info_period());
+        let next_info = last_info.map_or(now, |t| on_grid(t + ctl.info_period(), grain));
         let result = if now >= next_info {
             last_info = Some(now);
             info_round(&s, c, &tx, &duration).await
         } else if now >= next_ping {
-            next_ping = now + s.ping_period;
+            // From the PING's due time, not from now: the next one stays
+            // on the grid, and the period does not drift by a grain.
+            let due = next_ping + s.ping_period;
+            next_ping = on_grid(if due > now { due } else { now + s.ping_period }, grain);
             ping_round(&s, c, &tx, &duration).await
         } else {
             let wake = next_ping.min(next_info);
+            if sleep.deadline() != wake {
+                sleep.as_mut().reset(wake);
+            }
             tokio::select! {
-                _ = tokio::time::sleep_until(wake) => {}
-                _ = ctl.wake.notified() => {}
+                _ = &mut sleep => {}
+                _ = &mut woken => woken.set(ctl.wake.notified()),
             }
             continue;
         };
@@ -244,6 +250,35 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, ctl: Arc<Control>) 
             }
         }
     }
+}
+
+/// The grid that probes' (and group ticks') wake-ups are rounded to, for a
+/// PING period: an eighth of it, 5–100 ms.
+///
+/// Each probe keeping its own phase woke the runtime once per PING: at a
+/// thousand instances a thousand wake-ups (and thread switches) a second,
+/// most of picket's CPU. On a shared grid the probes due within a grain
+/// of each other are woken together, as Sentinel's 10 Hz timer sends the
+/// PINGs that are due in one pass. Detection is unaffected: SDOWN counts
+/// from the last valid reply, at its own exact deadline.
+pub(crate) fn grain(ping_period: Duration) -> Duration {
+    (ping_period / 8).clamp(Duration::from_millis(5), Duration::from_millis(100))
+}
+
+/// `t` rounded to the nearest point of the process-wide grid of `grain`.
+pub(crate) fn on_grid(t: Instant, grain: Duration) -> Instant {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = Instant::from_std(*ORIGIN.get_or_init(std::time::Instant::now));
+    let g = grain.as_nanos().max(1);
+    let Some(offset) = t.checked_duration_since(origin) else {
+        return t;
+    };
+    let steps = (offset.as_nanos() + g / 2) / g;
+    let rounded = steps.saturating_mul(g);
+    u64::try_from(rounded)
+        .ok()
+        .and_then(|ns| origin.checked_add(Duration::from_nanos(ns)))
+        .unwrap_or(t)
 }
 
 /// One PING. Returns Ok(false) when the receiver is gone.
