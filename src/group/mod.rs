@@ -309,6 +309,15 @@ pub fn spawn(
     Ok(handle)
 }
 
+/// What woke the group task.
+enum Woken {
+    Probe(ProbeEvent),
+    Msg(GroupMsg),
+    Internal(Internal),
+    Peers,
+    Timer,
+}
+
 /// The task: handle one thing at a time, to completion.
 async fn run(
     mut g: Group,
@@ -330,6 +339,7 @@ async fn run(
     // that changed nothing, by far the most frequent message.
     let mut cadence_due = true;
     loop {
+        g.sync_liveness();
         let mut wake = g.next_wake(next_tick);
         if g.dirty {
             wake = wake.min(last_view + VIEW_MIN_GAP);
@@ -337,31 +347,42 @@ async fn run(
         if sleep.deadline() != wake {
             sleep.as_mut().reset(wake);
         }
-        tokio::select! {
+        let woken = tokio::select! {
             _ = &mut cancelled => break,
-            Some(ev) = probe_rx.recv() => {
+            Some(ev) = probe_rx.recv() => Woken::Probe(ev),
+            Some(msg) = rx.recv() => Woken::Msg(msg),
+            Some(int) = internal_rx.recv() => Woken::Internal(int),
+            Ok(()) = g.peer_rx.changed() => Woken::Peers,
+            _ = &mut sleep => Woken::Timer,
+        };
+        // Valid PINGs that changed nothing are stamped by the probes, not
+        // sent: take them in before anything is decided (an SDOWN
+        // deadline that woke the task may have been met meanwhile).
+        g.sync_liveness();
+        match woken {
+            Woken::Probe(ev) => {
                 let info = matches!(ev, ProbeEvent::Info { .. });
                 cadence_due |= g.on_probe(ev);
                 if info {
                     g.try_pending_switchover(Instant::now());
                 }
             }
-            Some(msg) = rx.recv() => {
+            Woken::Msg(msg) => {
                 g.on_msg(msg);
                 cadence_due = true;
                 g.dirty = true;
             }
-            Some(int) = internal_rx.recv() => {
+            Woken::Internal(int) => {
                 g.on_internal(int);
                 cadence_due = true;
                 g.dirty = true;
             }
-            Ok(()) = g.peer_rx.changed() => {
+            Woken::Peers => {
                 g.check_peer_configs(Instant::now());
                 cadence_due = true;
                 g.dirty = true;
             }
-            _ = &mut sleep => {
+            Woken::Timer => {
                 g.on_tick();
                 cadence_due = true;
                 let now = Instant::now();
@@ -369,7 +390,10 @@ async fn run(
                     // On the probes' grid: the groups tick in the wake-ups
                     // that send the PINGs (see `probe::grain`).
                     let period = g.tick_period_now();
-                    let t = crate::probe::on_grid(now + period, crate::probe::grain(g.cfg.ping_period()));
+                    let t = crate::probe::on_grid(
+                        now + period,
+                        crate::probe::grain(g.cfg.ping_period()),
+                    );
                     next_tick = if t > now { t } else { now + period };
                 }
             }

@@ -40,6 +40,10 @@ pub(super) struct Instance {
     pub(super) script_kill: Option<KillAttempt>,
     /// Its probe reads INFO every [`INFO_FAST`] (else every [`INFO_SLOW`]).
     pub(super) info_fast: bool,
+    /// Its `picket_instance_up` gauge, looked up once.
+    up_gauge: metrics::Gauge,
+    /// Its INFO-age gauge, registered at its first INFO.
+    info_age_gauge: Option<metrics::Gauge>,
 }
 
 /// The INFO period of a master, of a replica out of place, and of every
@@ -242,8 +246,8 @@ impl Group {
         let now = Instant::now();
         // Up until SDOWN says otherwise, as in the view; without this the
         // gauge would only appear at the first +sdown.
-        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), m::SERVER_LABEL => addr.to_string())
-            .set(1.0);
+        let up_gauge = metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), m::SERVER_LABEL => addr.to_string());
+        up_gauge.set(1.0);
         self.instances.insert(
             addr.clone(),
             Instance {
@@ -263,6 +267,8 @@ impl Group {
                 busy: false,
                 script_kill: None,
                 info_fast: true,
+                up_gauge,
+                info_age_gauge: None,
             },
         );
         if *addr != self.master {
@@ -383,6 +389,31 @@ impl Group {
                 .is_some_and(|i| i.sdown.is_down() && !i.busy_hold(now, self.cfg.down_after))
     }
 
+    /// Take in the probes' stamps of valid replies: a PING that found an
+    /// instance as the group last heard of it is not reported, only
+    /// stamped (see `probe::Control::last_valid`). An instance that was
+    /// declared SDOWN while such a reply was late is up again here.
+    pub(super) fn sync_liveness(&mut self) {
+        let mut up = Vec::new();
+        for inst in self.instances.values_mut() {
+            let Some(t) = inst.probe.as_ref().and_then(ProbeHandle::last_valid) else {
+                continue;
+            };
+            if inst.last_reply.is_none_or(|r| r < t) {
+                inst.last_reply = Some(t);
+            }
+            if t > inst.sdown.last_valid()
+                && let Some(tr) = inst.sdown.on_valid_reply(t)
+            {
+                up.push((inst.addr.clone(), tr));
+            }
+        }
+        for (addr, tr) in up {
+            self.dirty = true;
+            self.on_sdown_transition(&addr, tr);
+        }
+    }
+
     /// Take in one probe report; whether it changed anything (a PING that
     /// found the instance as it was, the most frequent report by far,
     /// changes nothing and costs only the look-up).
@@ -397,7 +428,14 @@ impl Group {
         };
         // A PING can change only these (and the error text, when it
         // failed); comparing them spares two copies of the shown strings.
-        let quiet = |i: &Instance| (i.connected, i.busy, i.sdown.is_down(), i.last_error.is_none());
+        let quiet = |i: &Instance| {
+            (
+                i.connected,
+                i.busy,
+                i.sdown.is_down(),
+                i.last_error.is_none(),
+            )
+        };
         let before_ping = quiet(inst);
         let before = (!plain_ping).then(|| inst.shown());
         let mut transition = None;
@@ -646,19 +684,16 @@ impl Group {
     }
 
     /// The gauges that change continuously, once a second.
-    pub(super) fn export_instance_gauges(&self, now: Instant) {
-        for inst in self.instances.values() {
-            let labels = [
-                ("group", self.cfg.name.clone()),
-                (m::SERVER_LABEL, inst.addr.to_string()),
-            ];
-            metrics::gauge!(m::INSTANCE_UP, &labels).set(if inst.sdown.is_down() {
-                0.0
-            } else {
-                1.0
-            });
+    pub(super) fn export_instance_gauges(&mut self, now: Instant) {
+        let group = &self.cfg.name;
+        for inst in self.instances.values_mut() {
+            inst.up_gauge
+                .set(if inst.sdown.is_down() { 0.0 } else { 1.0 });
             if let Some(at) = inst.info_at {
-                metrics::gauge!(m::INFO_AGE, &labels)
+                inst.info_age_gauge
+                    .get_or_insert_with(|| {
+                        metrics::gauge!(m::INFO_AGE, "group" => group.clone(), m::SERVER_LABEL => inst.addr.to_string())
+                    })
                     .set(now.saturating_duration_since(at).as_secs_f64());
             }
         }

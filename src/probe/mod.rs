@@ -100,12 +100,38 @@ struct Control {
     info_asap: AtomicBool,
     /// The INFO period, in milliseconds.
     info_period_ms: AtomicU64,
+    /// When the last valid reply arrived ([`stamp`]; 0: none yet). A valid
+    /// PING that finds the instance as the group last heard of it is
+    /// only written here: the group reads it when it runs, instead of
+    /// being woken for each of a thousand PINGs a second.
+    last_valid: AtomicU64,
 }
 
 impl Control {
     fn info_period(&self) -> Duration {
         Duration::from_millis(self.info_period_ms.load(Ordering::Relaxed))
     }
+}
+
+/// The origin of the probes' clocks: their wake-up grid and their reply
+/// stamps count from it.
+fn origin() -> std::time::Instant {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(std::time::Instant::now)
+}
+
+/// `t` as nanoseconds after [`origin`], plus one (0 means "never").
+fn stamp(t: Instant) -> u64 {
+    let ns = t.into_std().saturating_duration_since(origin()).as_nanos();
+    u64::try_from(ns).unwrap_or(u64::MAX - 1) + 1
+}
+
+/// The instant of a [`stamp`].
+fn unstamp(v: u64) -> Option<Instant> {
+    let ns = v.checked_sub(1)?;
+    origin()
+        .checked_add(Duration::from_nanos(ns))
+        .map(Instant::from_std)
 }
 
 /// Control handle of a running probe; dropping it stops the probe.
@@ -129,6 +155,13 @@ impl ProbeHandle {
         if self.control.info_period_ms.swap(ms, Ordering::Relaxed) != ms {
             self.control.wake.notify_one();
         }
+    }
+
+    /// When the instance last gave a valid reply, as the probe saw it
+    /// (newer than the last [`ProbeEvent::Ping`] when later PINGs found
+    /// nothing new to report).
+    pub fn last_valid(&self) -> Option<Instant> {
+        unstamp(self.control.last_valid.load(Ordering::Relaxed))
     }
 
     /// Stop the probe.
@@ -155,7 +188,9 @@ pub fn spawn(settings: ProbeSettings, tx: mpsc::Sender<ProbeEvent>) -> ProbeHand
         wake: Notify::new(),
         info_asap: AtomicBool::new(false),
         info_period_ms: AtomicU64::new(0),
+        last_valid: AtomicU64::new(0),
     });
+    origin();
     let period = settings.info_period;
     let task = tokio::spawn(run(settings, tx, control.clone())).abort_handle();
     let handle = ProbeHandle { task, control };
@@ -180,11 +215,15 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, ctl: Arc<Control>) 
     tokio::pin!(sleep);
     let woken = ctl.wake.notified();
     tokio::pin!(woken);
+    // Whether the group's last news of this instance was a valid reply on
+    // the current connection: then a valid PING is only stamped.
+    let mut reported_ok = false;
     loop {
         if conn.is_none() {
             match Connection::connect(&addr_s, &s.client).await {
                 Ok(c) => {
                     conn = Some(c);
+                    reported_ok = false;
                     // A (re)connected instance is read at once: a returning
                     // old master must be seen, and demoted, without delay.
                     last_info = None;
@@ -213,13 +252,13 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, ctl: Arc<Control>) 
         let next_info = last_info.map_or(now, |t| on_grid(t + ctl.info_period(), grain));
         let result = if now >= next_info {
             last_info = Some(now);
-            info_round(&s, c, &tx, &duration).await
+            info_round(&s, c, &tx, &duration, &ctl, &mut reported_ok).await
         } else if now >= next_ping {
             // From the PING's due time, not from now: the next one stays
             // on the grid, and the period does not drift by a grain.
             let due = next_ping + s.ping_period;
             next_ping = on_grid(if due > now { due } else { now + s.ping_period }, grain);
-            ping_round(&s, c, &tx, &duration).await
+            ping_round(&s, c, &tx, &duration, &ctl, &mut reported_ok).await
         } else {
             let wake = next_ping.min(next_info);
             if sleep.deadline() != wake {
@@ -238,6 +277,7 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, ctl: Arc<Control>) 
                 metrics::counter!(m::PROBE_ERRORS, "group" => s.group.clone(), m::SERVER_LABEL => addr_s.clone(), "kind" => e.metric_label()).increment(1);
                 if e.is_fatal_to_connection() {
                     conn = None;
+                    reported_ok = false;
                     let ev = ProbeEvent::Unreachable {
                         addr: s.addr.clone(),
                         at: Instant::now(),
@@ -267,8 +307,7 @@ pub(crate) fn grain(ping_period: Duration) -> Duration {
 
 /// `t` rounded to the nearest point of the process-wide grid of `grain`.
 pub(crate) fn on_grid(t: Instant, grain: Duration) -> Instant {
-    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let origin = Instant::from_std(*ORIGIN.get_or_init(std::time::Instant::now));
+    let origin = Instant::from_std(origin());
     let g = grain.as_nanos().max(1);
     let Some(offset) = t.checked_duration_since(origin) else {
         return t;
@@ -287,6 +326,8 @@ async fn ping_round(
     c: &mut Connection,
     tx: &mpsc::Sender<ProbeEvent>,
     duration: &metrics::Histogram,
+    ctl: &Control,
+    reported_ok: &mut bool,
 ) -> Result<bool, RespError> {
     let start = Instant::now();
     let reply = c.call_timeout(["PING"], s.ping_timeout).await;
@@ -303,6 +344,14 @@ async fn ping_round(
         Err(e) => (Some(e.to_string()), Some(e)),
     };
     let busy = matches!(reply, Err(RespError::Server(ServerError::Busy(_))));
+    let ok = valid && !busy && error.is_none();
+    if ok {
+        ctl.last_valid.store(stamp(at), Ordering::Relaxed);
+        if *reported_ok {
+            return Ok(true);
+        }
+    }
+    *reported_ok = ok;
     let ev = ProbeEvent::Ping {
         addr: s.addr.clone(),
         at,
@@ -327,6 +376,8 @@ async fn info_round(
     c: &mut Connection,
     tx: &mpsc::Sender<ProbeEvent>,
     duration: &metrics::Histogram,
+    ctl: &Control,
+    reported_ok: &mut bool,
 ) -> Result<bool, RespError> {
     let start = Instant::now();
     // `INFO` without arguments covers server, replication and persistence
@@ -345,16 +396,20 @@ async fn info_round(
     let info = info::parse_info(&text);
     duration.record((at - start).as_secs_f64());
     // INFO is also proof of life.
-    let ping = ProbeEvent::Ping {
-        addr: s.addr.clone(),
-        at,
-        valid: true,
-        latency: Some(at - start),
-        error: None,
-        busy: false,
-    };
-    if tx.send(ping).await.is_err() {
-        return Ok(false);
+    ctl.last_valid.store(stamp(at), Ordering::Relaxed);
+    if !*reported_ok {
+        *reported_ok = true;
+        let ping = ProbeEvent::Ping {
+            addr: s.addr.clone(),
+            at,
+            valid: true,
+            latency: Some(at - start),
+            error: None,
+            busy: false,
+        };
+        if tx.send(ping).await.is_err() {
+            return Ok(false);
+        }
     }
     let ev = ProbeEvent::Info {
         addr: s.addr.clone(),
@@ -363,4 +418,49 @@ async fn info_round(
         ip: c.peer_addr().map(|a| a.ip()),
     };
     Ok(tx.send(ev).await.is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grain_is_an_eighth_of_the_ping_period_within_bounds() {
+        assert_eq!(grain(Duration::from_secs(1)), Duration::from_millis(100));
+        assert_eq!(
+            grain(Duration::from_millis(250)),
+            Duration::from_micros(31_250)
+        );
+        assert_eq!(grain(Duration::from_millis(20)), Duration::from_millis(5));
+        assert_eq!(grain(Duration::from_secs(10)), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn times_within_a_grain_land_on_one_grid_point() {
+        let g = Duration::from_millis(100);
+        let base = on_grid(Instant::now() + Duration::from_secs(1), g);
+        // Already on the grid: unchanged.
+        assert_eq!(on_grid(base, g), base);
+        // Nearest point: never more than half a grain away.
+        for ms in [1u64, 20, 49] {
+            assert_eq!(on_grid(base + Duration::from_millis(ms), g), base);
+            assert_eq!(on_grid(base - Duration::from_millis(ms), g), base);
+        }
+        assert_eq!(on_grid(base + Duration::from_millis(51), g), base + g);
+        // A period that is a multiple of the grain stays on it.
+        assert_eq!(
+            on_grid(base + Duration::from_secs(1), g),
+            base + Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn stamps_round_trip_and_zero_means_never() {
+        assert_eq!(unstamp(0), None);
+        let t = Instant::now() + Duration::from_millis(1234);
+        let back = unstamp(stamp(t)).unwrap();
+        let diff = if back > t { back - t } else { t - back };
+        assert!(diff < Duration::from_micros(1), "{diff:?}");
+        assert!(stamp(t) > stamp(t - Duration::from_millis(1)));
+    }
 }
