@@ -66,7 +66,10 @@ pub async fn picket(d: &Daemon, rest: &[String]) -> Reply {
 pub async fn is_down(h: &crate::group::GroupHandle, query: IsDownQuery) -> Reply {
     let (tx, rx) = tokio::sync::oneshot::channel();
     if h.tx
-        .send(GroupMsg::IsDown { query, reply: tx })
+        .send(GroupMsg::IsDown {
+            query: Box::new(query),
+            reply: tx,
+        })
         .await
         .is_err()
     {

@@ -73,12 +73,14 @@ pub(super) enum Internal {
 #[derive(Debug)]
 pub(super) struct Effects {
     tracker: TaskTracker,
-    tx: mpsc::Sender<Internal>,
+    /// Boxed: a mailbox slot is as large as its largest message, and the
+    /// failover's results are large.
+    tx: mpsc::Sender<Box<Internal>>,
     cancel: CancellationToken,
 }
 
 impl Effects {
-    pub(super) fn new(tx: mpsc::Sender<Internal>, cancel: CancellationToken) -> Effects {
+    pub(super) fn new(tx: mpsc::Sender<Box<Internal>>, cancel: CancellationToken) -> Effects {
         Effects {
             tracker: TaskTracker::new(),
             tx,
@@ -102,7 +104,7 @@ impl Effects {
             tokio::select! {
                 _ = cancel.cancelled() => {}
                 r = work => if let Some(msg) = r {
-                    let _ = tx.send(msg).await;
+                    let _ = tx.send(Box::new(msg)).await;
                 }
             }
         });

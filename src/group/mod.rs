@@ -78,8 +78,9 @@ use view::{GroupView, LastFailover};
 pub enum GroupMsg {
     /// A peer asks whether the master is down (and maybe for a vote).
     IsDown {
-        /// The question.
-        query: IsDownQuery,
+        /// The question (boxed: a mailbox slot is as large as its largest
+        /// message, and every group keeps a block of them).
+        query: Box<IsDownQuery>,
         /// The answer, or why none can be given (the vote not persisted).
         reply: oneshot::Sender<Result<IsDownReply, StateError>>,
     },
@@ -309,11 +310,20 @@ pub fn spawn(
     Ok(handle)
 }
 
+/// The next change of the peer table, with the receiver to wait on again
+/// (false: the table is gone).
+async fn peers_changed(
+    mut rx: watch::Receiver<PeerSnapshot>,
+) -> (bool, watch::Receiver<PeerSnapshot>) {
+    let open = rx.changed().await.is_ok();
+    (open, rx)
+}
+
 /// What woke the group task.
 enum Woken {
     Probe(ProbeEvent),
     Msg(GroupMsg),
-    Internal(Internal),
+    Internal(Box<Internal>),
     Peers,
     Timer,
 }
@@ -323,16 +333,25 @@ async fn run(
     mut g: Group,
     mut rx: mpsc::Receiver<GroupMsg>,
     mut probe_rx: mpsc::Receiver<ProbeEvent>,
-    mut internal_rx: mpsc::Receiver<Internal>,
+    mut internal_rx: mpsc::Receiver<Box<Internal>>,
 ) {
     let mut next_tick = Instant::now();
     let mut last_view = Instant::now();
+    // A token's future, polled at every wake-up of the task, takes the
+    // token's lock each time: a watcher waits for it instead and fires a
+    // oneshot, whose poll is one atomic load.
+    let (stop_tx, mut stopped) = oneshot::channel::<()>();
     let cancel = g.effects.cancel().clone();
-    // Kept across iterations: a timer and a cancellation future made anew
-    // at every message were registered and freed a thousand times a
-    // second with a thousand instances.
-    let cancelled = cancel.cancelled();
-    tokio::pin!(cancelled);
+    tokio::spawn(async move {
+        cancel.cancelled().await;
+        let _ = stop_tx.send(());
+    });
+    // Kept across iterations, as the timer below: a change notification
+    // (and a timer) made anew at every message were registered and freed
+    // a thousand times a second with a thousand instances.
+    let peers_changed = peers_changed(g.peer_rx.clone());
+    tokio::pin!(peers_changed);
+    let mut peers_open = true;
     let sleep = tokio::time::sleep_until(next_tick);
     tokio::pin!(sleep);
     // Whether the INFO cadences must be looked at again: not after a PING
@@ -348,11 +367,18 @@ async fn run(
             sleep.as_mut().reset(wake);
         }
         let woken = tokio::select! {
-            _ = &mut cancelled => break,
+            _ = &mut stopped => break,
             Some(ev) = probe_rx.recv() => Woken::Probe(ev),
             Some(msg) = rx.recv() => Woken::Msg(msg),
             Some(int) = internal_rx.recv() => Woken::Internal(int),
-            Ok(()) = g.peer_rx.changed() => Woken::Peers,
+            (open, rx) = &mut peers_changed, if peers_open => {
+                peers_open = open;
+                peers_changed.set(self::peers_changed(rx));
+                if !open {
+                    continue;
+                }
+                Woken::Peers
+            }
             _ = &mut sleep => Woken::Timer,
         };
         // Valid PINGs that changed nothing are stamped by the probes, not
@@ -373,7 +399,7 @@ async fn run(
                 g.dirty = true;
             }
             Woken::Internal(int) => {
-                g.on_internal(int);
+                g.on_internal(*int);
                 cadence_due = true;
                 g.dirty = true;
             }
@@ -439,7 +465,7 @@ impl Group {
         let now = Instant::now();
         self.notice_stall(now);
         match msg {
-            GroupMsg::IsDown { query, reply } => self.answer_is_down(now, query, reply),
+            GroupMsg::IsDown { query, reply } => self.answer_is_down(now, *query, reply),
             GroupMsg::Switchover { to, reply } => {
                 if self.pending_switchover.is_some() {
                     let _ = reply.send(Err(FailoverError::InProgress));

@@ -202,6 +202,24 @@ pub enum RoleReply {
     },
 }
 
+/// The INFO sections with no field picket reads (Redis, Valkey and
+/// Dragonfly names); `server`, `replication` and `persistence` are read.
+fn is_unread_section(name: &str) -> bool {
+    const UNREAD: &[&str] = &[
+        "clients",
+        "memory",
+        "stats",
+        "cpu",
+        "modules",
+        "errorstats",
+        "commandstats",
+        "latencystats",
+        "keyspace",
+        "cluster",
+    ];
+    UNREAD.iter().any(|u| name.eq_ignore_ascii_case(u))
+}
+
 /// Parse the text of `INFO` (any subset of sections; unknown and malformed
 /// lines are ignored, so the result holds only what could be read).
 ///
@@ -215,10 +233,22 @@ pub fn parse_info(text: &str) -> InfoSnapshot {
     let mut dragonfly_version = None;
     let mut server_name_valkey = false;
 
+    // Sections that hold nothing picket reads are skipped unsplit: Memory,
+    // Stats, CPU and the per-command statistics are most of a reply, and
+    // INFO is read from every master every second. A section not named
+    // here (or a reply without headers) is read.
+    let mut skipping = false;
     // `str::lines` also strips the `\r` of CRLF line ends.
     for line in text.lines() {
+        if let Some(header) = line.strip_prefix('#') {
+            skipping = is_unread_section(header.trim());
+            continue;
+        }
+        if skipping {
+            continue;
+        }
         let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
+        if line.is_empty() {
             continue;
         }
         let Some((key, value)) = line.split_once(':') else {
@@ -734,6 +764,22 @@ mod tests {
         assert_eq!(parse_info("slave_repl_offset:").replica_offset, None);
         assert_eq!(parse_info("slave_repl_offset:abc").replica_offset, None);
         assert_eq!(InfoSnapshot::default().replica_offset, None);
+    }
+
+    #[test]
+    fn sections_without_fields_picket_reads_are_skipped_and_the_rest_read() {
+        let text = "# Server\r\nredis_version:7.2.4\r\n# Memory\r\nrole:slave\r\nused_memory:1\r\n\
+                    # Replication\r\nrole:master\r\nconnected_slaves:0\r\n# Stats\r\nloading:1\r\n\
+                    # Persistence\r\nloading:0\r\n# Keyspace\r\nmaster_replid:nope\r\n";
+        let i = parse_info(text);
+        assert_eq!(i.role, Role::Master);
+        assert_eq!(i.version.as_deref(), Some("7.2.4"));
+        assert_eq!(i.connected_replicas, Some(0));
+        assert!(!i.loading);
+        assert_eq!(i.replid, None);
+        // Without headers everything is read.
+        assert_eq!(parse_info("role:slave\nloading:1\n").role, Role::Replica);
+        assert!(parse_info("role:slave\nloading:1\n").loading);
     }
 
     #[test]

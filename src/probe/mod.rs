@@ -220,7 +220,9 @@ async fn run(s: ProbeSettings, tx: mpsc::Sender<ProbeEvent>, ctl: Arc<Control>) 
     let mut reported_ok = false;
     loop {
         if conn.is_none() {
-            match Connection::connect(&addr_s, &s.client).await {
+            // Boxed: the connect future (TCP, TLS, AUTH) is large, and
+            // inline it made every probe's task that large for its life.
+            match Box::pin(Connection::connect(&addr_s, &s.client)).await {
                 Ok(c) => {
                     conn = Some(c);
                     reported_ok = false;

@@ -4,6 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use redis_protocol::resp2::types::BytesFrame;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -108,7 +109,20 @@ pub struct Connection {
     framed: Framed<Box<dyn Io>, RespCodec>,
     command_timeout: Duration,
     peer: Option<SocketAddr>,
+    /// The size of the last text reply (INFO), reserved before the next
+    /// one so that it is read in one go.
+    text_hint: usize,
 }
+
+/// What a connection's read buffer holds between commands. The codec's
+/// default (8 KiB to read and 8 KiB to write, kept for the connection's
+/// life) was most of picket's memory with a thousand probed instances; a
+/// PONG needs a few bytes, and a large reply's room is reserved for it
+/// and given back after it.
+const READ_BUF: usize = 512;
+
+/// A read buffer larger than this is given back once it is empty.
+const KEEP_BUF: usize = 4096;
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -198,10 +212,12 @@ impl Connection {
             }
         };
         let mut conn = Connection {
-            framed: Framed::new(io, RespCodec::new(opts.max_frame)),
+            framed: Framed::with_capacity(io, RespCodec::new(opts.max_frame), READ_BUF),
             command_timeout: opts.command_timeout,
             peer,
+            text_hint: 0,
         };
+        *conn.framed.write_buffer_mut() = BytesMut::with_capacity(128);
         if let Some(pw) = &opts.password {
             let reply = match &opts.username {
                 Some(user) => conn.call(["AUTH", user.as_str(), pw.as_str()]).await?,
@@ -258,7 +274,12 @@ impl Connection {
 
     async fn roundtrip(&mut self, frame: BytesFrame) -> Result<BytesFrame, RespError> {
         self.framed.send(frame).await?;
-        match self.framed.next().await {
+        let reply = self.framed.next().await;
+        let buf = self.framed.read_buffer_mut();
+        if buf.is_empty() && buf.capacity() > KEEP_BUF {
+            *buf = BytesMut::with_capacity(READ_BUF);
+        }
+        match reply {
             None => Err(RespError::Closed),
             Some(Err(e)) => Err(e),
             Some(Ok(BytesFrame::Error(msg))) => Err(RespError::Server(classify_error(&msg))),
@@ -294,8 +315,23 @@ impl Connection {
         I: IntoIterator<Item = A>,
         A: AsRef<[u8]>,
     {
-        let reply = self.call(args).await?;
-        super::frame_text(&reply)
-            .ok_or_else(|| RespError::Unexpected(format!("expected a string, got {reply:?}")))
+        // Room for a reply as large as the last one, plus some.
+        let want = self.text_hint + self.text_hint / 4;
+        let buf = self.framed.read_buffer_mut();
+        if want > buf.capacity() - buf.len() {
+            buf.reserve(want);
+        }
+        let reply = self.call(args).await;
+        // The reply's bytes share the buffer they were read into: give it
+        // back whole, however much of it is left.
+        let buf = self.framed.read_buffer_mut();
+        if buf.is_empty() {
+            *buf = BytesMut::with_capacity(READ_BUF);
+        }
+        let reply = reply?;
+        let text = super::frame_text(&reply)
+            .ok_or_else(|| RespError::Unexpected(format!("expected a string, got {reply:?}")))?;
+        self.text_hint = text.len().min(1 << 20);
+        Ok(text)
     }
 }
