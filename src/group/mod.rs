@@ -357,8 +357,8 @@ async fn run(
     // Whether the INFO cadences must be looked at again: not after a PING
     // that changed nothing, by far the most frequent message.
     let mut cadence_due = true;
+    g.sync_liveness();
     loop {
-        g.sync_liveness();
         let mut wake = g.next_wake(next_tick);
         if g.dirty {
             wake = wake.min(last_view + VIEW_MIN_GAP);

@@ -27,7 +27,7 @@ pub(super) struct Instance {
     pub(super) connected_at: Option<Instant>,
     pub(super) last_reply: Option<Instant>,
     pub(super) last_error: Option<String>,
-    pub(super) info: Option<InfoSnapshot>,
+    pub(super) info: Option<Box<InfoSnapshot>>,
     pub(super) info_at: Option<Instant>,
     /// The IP its name resolved to when it was last reached.
     pub(super) ip: Option<IpAddr>,
@@ -507,7 +507,7 @@ impl Group {
                     metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => addr.to_string(), "role" => "replica")
                         .set(if info.role == Role::Replica { 1.0 } else { 0.0 });
                 }
-                inst.info = Some(*info);
+                inst.info = Some(info);
                 inst.info_at = Some(at);
             }
         }

@@ -393,7 +393,7 @@ impl Group {
             .map(|i| {
                 // Borrowed: cloning the whole snapshot per instance ten
                 // times a second showed up in profiles.
-                let info = i.info.as_ref().unwrap_or(&no_info);
+                let info = i.info.as_deref().unwrap_or(&no_info);
                 InstanceView {
                     addr: i.addr.clone(),
                     ip: i.ip,

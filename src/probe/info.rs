@@ -248,7 +248,12 @@ pub fn parse_info(text: &str) -> InfoSnapshot {
             continue;
         }
         let line = line.trim();
-        if line.is_empty() {
+        // Every key read below starts with one of these: the other lines
+        // of the sections that are read are passed over unsplit.
+        if !matches!(
+            line.as_bytes().first(),
+            Some(b'r' | b'v' | b'd' | b's' | b'm' | b'c' | b'l')
+        ) {
             continue;
         }
         let Some((key, value)) = line.split_once(':') else {

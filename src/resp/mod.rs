@@ -179,8 +179,13 @@ where
 /// The text of a simple/bulk string reply, if it is one.
 pub fn frame_text(frame: &BytesFrame) -> Option<String> {
     match frame {
+        // Checked first as it is: the lossy conversion walks the bytes one
+        // by one, the check a word at a time, and INFO is always valid.
         BytesFrame::SimpleString(b) | BytesFrame::BulkString(b) => {
-            Some(String::from_utf8_lossy(b).into_owned())
+            Some(match std::str::from_utf8(b) {
+                Ok(s) => s.to_owned(),
+                Err(_) => String::from_utf8_lossy(b).into_owned(),
+            })
         }
         _ => None,
     }
