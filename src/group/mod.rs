@@ -144,7 +144,7 @@ struct Group {
     discovery: Arc<DiscoveryRunner>,
     recorders: Vec<MemoryBackend>,
     effects: Effects,
-    probe_tx: mpsc::Sender<ProbeEvent>,
+    probe_tx: mpsc::Sender<Box<ProbeEvent>>,
     view_tx: watch::Sender<Arc<GroupView>>,
     peer_rx: watch::Receiver<PeerSnapshot>,
 
@@ -321,7 +321,7 @@ async fn peers_changed(
 
 /// What woke the group task.
 enum Woken {
-    Probe(ProbeEvent),
+    Probe(Box<ProbeEvent>),
     Msg(GroupMsg),
     Internal(Box<Internal>),
     Peers,
@@ -332,7 +332,7 @@ enum Woken {
 async fn run(
     mut g: Group,
     mut rx: mpsc::Receiver<GroupMsg>,
-    mut probe_rx: mpsc::Receiver<ProbeEvent>,
+    mut probe_rx: mpsc::Receiver<Box<ProbeEvent>>,
     mut internal_rx: mpsc::Receiver<Box<Internal>>,
 ) {
     let mut next_tick = Instant::now();
@@ -387,8 +387,8 @@ async fn run(
         g.sync_liveness();
         match woken {
             Woken::Probe(ev) => {
-                let info = matches!(ev, ProbeEvent::Info { .. });
-                cadence_due |= g.on_probe(ev);
+                let info = matches!(*ev, ProbeEvent::Info { .. });
+                cadence_due |= g.on_probe(*ev);
                 if info {
                     g.try_pending_switchover(Instant::now());
                 }
