@@ -574,9 +574,10 @@ impl Group {
 
     /// The tick: every half PING period (10–100 ms) while anything is
     /// happening (an instance down or disconnected, ODOWN, an election, a
-    /// failover, a replica to repair, TILT), and at most every 250 ms when
-    /// the group is quiet: a quiet group is woken by its probes' replies
-    /// and its SDOWN deadlines anyway.
+    /// failover, a replica to repair, TILT), and every [`quiet_tick`] when
+    /// the group is quiet: what can change a quiet group comes as a probe
+    /// report or at an exact deadline (SDOWN, a silent master, the
+    /// election), and the tick is only a safety net.
     fn tick_period_now(&self) -> Duration {
         let tick = tick_period(&self.cfg);
         let now = Instant::now();
@@ -592,7 +593,7 @@ impl Group {
         if active {
             tick
         } else {
-            (tick * 4).min(QUIET_TICK).max(tick)
+            quiet_tick(&self.cfg, self.cfg.isolation_fencing.is_some())
         }
     }
 
@@ -645,8 +646,24 @@ const VIEW_REFRESH: Duration = Duration::from_secs(1);
 /// its master changed.
 const VIEW_MIN_GAP: Duration = Duration::from_millis(20);
 
-/// The longest tick of a quiet group.
-const QUIET_TICK: Duration = Duration::from_millis(250);
+/// The tick of a quiet group: a quarter of `down_after` (at most 1 s, at
+/// least the active tick), or 250 ms with isolation fencing, whose
+/// decisions are made on time as the peers' reports age.
+///
+/// Ticks were most of a quiet group's wake-ups (four a second per group).
+/// A quarter of `down_after` keeps the stall detector's threshold
+/// (`observe::stall_threshold`: at least 1 s and half of `down_after`) at
+/// twice the longest quiet gap or more, so a quiet group is never taken
+/// for a stalled process.
+fn quiet_tick(cfg: &GroupConfig, isolation_fencing: bool) -> Duration {
+    let tick = tick_period(cfg);
+    let cap = if isolation_fencing {
+        Duration::from_millis(250)
+    } else {
+        Duration::from_secs(1)
+    };
+    (cfg.down_after / 4).min(cap).max(tick)
+}
 
 /// The group task's tick: half the PING period, 10–100 ms.
 fn tick_period(cfg: &GroupConfig) -> Duration {
@@ -660,6 +677,44 @@ fn ms(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn group(down_after: &str, fenced: bool) -> GroupConfig {
+        let fence = if fenced {
+            "[group.isolation_fencing]\n"
+        } else {
+            ""
+        };
+        let text = format!(
+            "[daemon]\nid = \"a\"\nlisten = \"127.0.0.1:26379\"\ndata_dir = \"/tmp\"\n\n\
+             [[group]]\nname = \"g\"\nmaster = \"127.0.0.1:6379\"\nquorum = 1\n\
+             down_after = \"{down_after}\"\nfailover_timeout = \"60s\"\n{fence}"
+        );
+        crate::config::load_str(std::path::Path::new("t.toml"), &text)
+            .unwrap()
+            .groups
+            .remove(0)
+    }
+
+    #[test]
+    fn a_quiet_group_ticks_at_a_quarter_of_down_after_and_is_never_taken_for_a_stall() {
+        for (down_after, want) in [("4s", 1000), ("1s", 250), ("30s", 1000), ("100ms", 25)] {
+            let cfg = group(down_after, false);
+            let quiet = quiet_tick(&cfg, false);
+            assert_eq!(quiet, Duration::from_millis(want), "{down_after}");
+            // The longest quiet gap, twice over, stays under the threshold
+            // at which the task would think the process stalled.
+            let threshold = observe::stall_threshold(tick_period(&cfg), cfg.down_after);
+            assert!(
+                quiet * 2 <= threshold,
+                "{down_after}: {quiet:?} vs {threshold:?}"
+            );
+            assert!(quiet >= tick_period(&cfg));
+        }
+        // Isolation fencing decides on time: its groups tick as before.
+        let cfg = group("4s", true);
+        assert!(cfg.isolation_fencing.is_some());
+        assert_eq!(quiet_tick(&cfg, true), Duration::from_millis(250));
+    }
 
     #[test]
     fn ms_saturates() {
