@@ -65,14 +65,7 @@ pub async fn picket(d: &Daemon, rest: &[String]) -> Reply {
 /// `[down, leader or "*", leader epoch]`.
 pub async fn is_down(h: &crate::group::GroupHandle, query: IsDownQuery) -> Reply {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    if h.tx
-        .send(GroupMsg::IsDown {
-            query: Box::new(query),
-            reply: tx,
-        })
-        .await
-        .is_err()
-    {
+    if h.send(GroupMsg::IsDown { query, reply: tx }).await.is_err() {
         return Reply::err("ERR group task stopped");
     }
     match rx.await {
@@ -104,8 +97,7 @@ pub async fn switchover(d: &Daemon, group: &str, to: Option<Addr>) -> Reply {
         return Reply::err("ERR No such master with that name");
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
-    if h.tx
-        .send(GroupMsg::Switchover { to, reply: tx })
+    if h.send(GroupMsg::Switchover { to, reply: tx })
         .await
         .is_err()
     {

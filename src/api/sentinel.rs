@@ -444,7 +444,7 @@ pub async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
             for v in d.views() {
                 if glob_match(&rest[1], &v.name)
                     && let Some(h) = d.group(&v.name)
-                    && h.tx.send(GroupMsg::Reset).await.is_ok()
+                    && h.send(GroupMsg::Reset).await.is_ok()
                 {
                     n += 1;
                 }

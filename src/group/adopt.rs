@@ -40,9 +40,9 @@ impl Group {
         self.published_epoch = Some(epoch);
         let old = std::mem::replace(&mut self.master, master.clone());
         self.config_epoch = epoch;
-        metrics::gauge!(m::CONFIG_EPOCH, "group" => self.cfg.name.clone()).set(epoch as f64);
-        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), m::SERVER_LABEL => old.to_string()).set(0.0);
-        metrics::gauge!(m::GROUP_MASTER, "group" => self.cfg.name.clone(), m::SERVER_LABEL => master.to_string()).set(1.0);
+        metrics::gauge!(m::CONFIG_EPOCH, "group" => self.label.clone()).set(epoch as f64);
+        metrics::gauge!(m::GROUP_MASTER, "group" => self.label.clone(), m::SERVER_LABEL => old.to_string()).set(0.0);
+        metrics::gauge!(m::GROUP_MASTER, "group" => self.label.clone(), m::SERVER_LABEL => master.to_string()).set(1.0);
         self.ensure_instance(&master);
         self.ensure_instance(&old);
         if old != master {
@@ -79,7 +79,7 @@ impl Group {
             self.master_since = Instant::now();
             self.refresh_info(&master);
         }
-        metrics::gauge!(m::MASTER_ODOWN, "group" => self.cfg.name.clone()).set(0.0);
+        metrics::gauge!(m::MASTER_ODOWN, "group" => self.label.clone()).set(0.0);
         if reporter == Reporter::Observer && old != master {
             self.last_failover = Some(LastFailover {
                 epoch,

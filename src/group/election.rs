@@ -155,13 +155,13 @@ impl Group {
                 Action::Event(kind, detail) => {
                     if matches!(kind, EventKind::Odown | EventKind::OdownCleared) {
                         let odown = kind == EventKind::Odown;
-                        metrics::gauge!(m::MASTER_ODOWN, "group" => self.cfg.name.clone())
+                        metrics::gauge!(m::MASTER_ODOWN, "group" => self.label.clone())
                             .set(if odown { 1.0 } else { 0.0 });
                     }
                     self.emit(kind, &detail);
                 }
                 Action::Ended(result) => {
-                    metrics::counter!(m::ELECTIONS, "group" => self.cfg.name.clone(), "result" => result.as_str())
+                    metrics::counter!(m::ELECTIONS, "group" => self.label.clone(), "result" => result.as_str())
                         .increment(1);
                     if result == crate::quorum::election::ElectionResult::Won {
                         self.ctx.maybe_crash(
@@ -340,7 +340,7 @@ impl Group {
         };
         let mut actions = Vec::new();
         if self.election.on_vote_cast(now, &q, &vote, &mut actions) {
-            metrics::counter!(m::VOTES_GRANTED, "group" => self.cfg.name.clone()).increment(1);
+            metrics::counter!(m::VOTES_GRANTED, "group" => self.label.clone()).increment(1);
         }
         self.run_election_actions(now, actions);
         let _ = reply.send(Ok(IsDownReply {
@@ -395,7 +395,7 @@ impl Group {
         let ok = reachable >= self.ctx.majority().max(self.cfg.quorum as usize);
         if self.quorum_reachable != Some(ok) {
             self.quorum_reachable = Some(ok);
-            metrics::gauge!(m::QUORUM_REACHABLE, "group" => self.cfg.name.clone()).set(if ok {
+            metrics::gauge!(m::QUORUM_REACHABLE, "group" => self.label.clone()).set(if ok {
                 1.0
             } else {
                 0.0

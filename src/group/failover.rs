@@ -196,11 +196,11 @@ impl Group {
             ),
             Outcome::Aborted(why) => (FailoverOutcome::Aborted(why.clone()), None),
         };
-        metrics::counter!(m::FAILOVERS, "group" => self.cfg.name.clone(), "result" => result.metric_label())
+        metrics::counter!(m::FAILOVERS, "group" => self.label.clone(), "result" => result.metric_label())
             .increment(1);
         let duration = now.saturating_duration_since(run.started);
         if to.is_some() {
-            metrics::histogram!(m::FAILOVER_DURATION, "group" => self.cfg.name.clone())
+            metrics::histogram!(m::FAILOVER_DURATION, "group" => self.label.clone())
                 .record(duration.as_secs_f64());
         }
         tracing::info!(group = %self.cfg.name, epoch = run.machine.epoch, outcome = ?outcome, duration_ms = ms(duration), "failover finished");

@@ -358,7 +358,7 @@ impl Group {
                 group = %self.cfg.name, master = %self.master, target, lowered,
                 sights = ?sights, "isolation fence target"
             );
-            metrics::gauge!(m::FENCE_LOWERED, "group" => self.cfg.name.clone()).set(if lowered {
+            metrics::gauge!(m::FENCE_LOWERED, "group" => self.label.clone()).set(if lowered {
                 1.0
             } else {
                 0.0

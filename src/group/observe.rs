@@ -21,6 +21,8 @@ use crate::resp::RespError;
 /// One data server of the group, as this daemon sees it.
 pub(super) struct Instance {
     pub(super) addr: Addr,
+    /// Its `server` metric label, shared by its series.
+    pub(super) server: metrics::SharedString,
     pub(super) probe: Option<ProbeHandle>,
     pub(super) sdown: Sdown,
     pub(super) connected: bool,
@@ -234,9 +236,11 @@ impl Group {
             return;
         }
         let ping = self.cfg.ping_period();
+        let server = m::label(&addr.to_string());
         let settings = ProbeSettings {
-            group: self.cfg.name.clone(),
+            group: self.label.clone(),
             addr: addr.clone(),
+            server: server.clone(),
             ping_period: ping,
             info_period: INFO_FAST.max(ping),
             ping_timeout: self.cfg.down_after.max(Duration::from_millis(100)),
@@ -246,12 +250,13 @@ impl Group {
         let now = Instant::now();
         // Up until SDOWN says otherwise, as in the view; without this the
         // gauge would only appear at the first +sdown.
-        let up_gauge = metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), m::SERVER_LABEL => addr.to_string());
+        let up_gauge = metrics::gauge!(m::INSTANCE_UP, "group" => self.label.clone(), m::SERVER_LABEL => server.clone());
         up_gauge.set(1.0);
         self.instances.insert(
             addr.clone(),
             Instance {
                 addr: addr.clone(),
+                server,
                 probe: Some(probe),
                 sdown: Sdown::new(self.cfg.down_after, now),
                 connected: false,
@@ -421,7 +426,7 @@ impl Group {
         self.notice_stall(Instant::now());
         let addr = ev.addr().clone();
         let is_master = addr == self.master;
-        let group = &self.cfg.name;
+        let group = &self.label;
         let plain_ping = matches!(ev, ProbeEvent::Ping { .. });
         let Some(inst) = self.instances.get_mut(&addr) else {
             return false;
@@ -502,9 +507,9 @@ impl Group {
                 // Set on change only: two registry look-ups per INFO
                 // were a measurable share of the CPU.
                 if old_role != Some(info.role) {
-                    metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => addr.to_string(), "role" => "master")
+                    metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => inst.server.clone(), "role" => "master")
                         .set(if info.role == Role::Master { 1.0 } else { 0.0 });
-                    metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => addr.to_string(), "role" => "replica")
+                    metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => inst.server.clone(), "role" => "replica")
                         .set(if info.role == Role::Replica { 1.0 } else { 0.0 });
                 }
                 inst.info = Some(info);
@@ -593,9 +598,11 @@ impl Group {
                 1.0
             }
         };
-        metrics::gauge!(m::INSTANCE_UP, "group" => self.cfg.name.clone(), m::SERVER_LABEL => addr.to_string()).set(up);
+        if let Some(i) = self.instances.get(addr) {
+            i.up_gauge.set(up);
+        }
         if *addr == self.master {
-            metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone()).set(1.0 - up);
+            metrics::gauge!(m::MASTER_SDOWN, "group" => self.label.clone()).set(1.0 - up);
             // Peers learn it at once through the next hello and our asks.
             // Peers learn it from the hello that goes out now.
             self.dirty = true;
@@ -652,7 +659,7 @@ impl Group {
             } else {
                 self.emit(EventKind::SdownCleared, &Detail::Master);
             }
-            metrics::gauge!(m::MASTER_SDOWN, "group" => self.cfg.name.clone())
+            metrics::gauge!(m::MASTER_SDOWN, "group" => self.label.clone())
                 .set(if self.master_sdown() { 1.0 } else { 0.0 });
             // Peers learn it from the hello that goes out now.
             self.dirty = true;
@@ -685,14 +692,14 @@ impl Group {
 
     /// The gauges that change continuously, once a second.
     pub(super) fn export_instance_gauges(&mut self, now: Instant) {
-        let group = &self.cfg.name;
+        let group = &self.label;
         for inst in self.instances.values_mut() {
             inst.up_gauge
                 .set(if inst.sdown.is_down() { 0.0 } else { 1.0 });
             if let Some(at) = inst.info_at {
                 inst.info_age_gauge
                     .get_or_insert_with(|| {
-                        metrics::gauge!(m::INFO_AGE, "group" => group.clone(), m::SERVER_LABEL => inst.addr.to_string())
+                        metrics::gauge!(m::INFO_AGE, "group" => group.clone(), m::SERVER_LABEL => inst.server.clone())
                     })
                     .set(now.saturating_duration_since(at).as_secs_f64());
             }

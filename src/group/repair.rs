@@ -155,7 +155,7 @@ impl Group {
     pub(super) fn on_demoted(&mut self, addr: Addr, r: Result<(), RespError>) {
         match r {
             Ok(()) => {
-                metrics::counter!(m::DEMOTIONS, "group" => self.cfg.name.clone()).increment(1);
+                metrics::counter!(m::DEMOTIONS, "group" => self.label.clone()).increment(1);
                 self.refresh_info(&addr);
             }
             Err(e) => {
