@@ -247,8 +247,46 @@ async fn failover(
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    limit_malloc_arenas();
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(async_main()),
+        Err(e) => {
+            eprintln!("picket: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// At most two allocator arenas, unless `MALLOC_ARENA_MAX` says otherwise.
+///
+/// The GNU C library gives each thread that allocates its own arena, and
+/// memory freed in one (a message or an INFO reply made on one worker and
+/// dropped on another) is reused only there: with a thousand instances
+/// the runtime's threads kept three heaps, 2.8 MiB more than one. Two
+/// arenas keep most of that and leave the two workers a lock each. Set
+/// before the runtime's threads exist, as the library reads it when a
+/// thread first allocates.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn limit_malloc_arenas() {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+        return;
+    }
+    // SAFETY: `mallopt` takes two integers and changes only the
+    // allocator's settings; no other thread exists yet to race it.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn limit_malloc_arenas() {}
+
+async fn async_main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run { config } => run(config).await,

@@ -123,6 +123,56 @@ fn status_reports_the_master_and_both_replicas_with_their_roles_and_offsets() {
     assert!(off > 200 * 20, "{off}");
 }
 
+/// A healthy master's INFO, read every second, is its replication
+/// section between full reads ten seconds apart, and what only the full
+/// read tells (run id, version) stays in the view.
+#[test]
+fn a_healthy_master_is_read_by_its_replication_section_between_full_reads() {
+    use std::io::{BufRead, BufReader, Write};
+    let topo = Topology::master_with_replicas(1);
+    let cluster = watch(&topo, "");
+    let n = &cluster.nodes[0];
+    let master = topo.master.addr();
+    let mut mon = std::net::TcpStream::connect(master).expect("connect to the master");
+    mon.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    mon.write_all(b"MONITOR\r\n").unwrap();
+    let mut lines = BufReader::new(mon);
+    let (mut light, mut full_after_light) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let mut line = String::new();
+    while full_after_light == 0 && Instant::now() < deadline {
+        line.clear();
+        match lines.read_line(&mut line) {
+            Ok(0) => panic!("MONITOR connection closed"),
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                continue;
+            }
+            Err(e) => panic!("MONITOR: {e}"),
+        }
+        let l = line.trim_end();
+        if l.ends_with(r#""INFO" "replication""#) || l.ends_with(r#""info" "replication""#) {
+            light += 1;
+        } else if (l.ends_with(r#""INFO""#) || l.ends_with(r#""info""#)) && light >= 3 {
+            full_after_light += 1;
+        }
+    }
+    assert!(light >= 3, "{light} INFO replication reads seen");
+    assert_eq!(
+        full_after_light, 1,
+        "no full INFO within 25 s after {light} light reads"
+    );
+    // About nine light reads per full one (1 s and 10 s periods).
+    assert!(light <= 15, "{light} light reads before a full one");
+    let run_id = topo.master.info_field("server", "run_id");
+    let v = instance(n, master);
+    assert_eq!(v["run_id"].as_str(), run_id.as_deref(), "{v}");
+    assert!(v["version"].as_str().is_some_and(|s| !s.is_empty()), "{v}");
+}
+
 #[test]
 fn a_killed_replica_goes_sdown_after_down_after_and_comes_back_after_restart() {
     let mut topo = Topology::master_with_replicas(2);

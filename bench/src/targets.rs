@@ -41,6 +41,8 @@ pub fn target_ip(net: &str, i: usize) -> String {
 
 struct Instance {
     info: Bytes,
+    /// `INFO replication`: that section alone, as redis-server answers.
+    info_replication: Bytes,
     role: Bytes,
     hello: broadcast::Sender<(Bytes, Bytes)>,
 }
@@ -177,9 +179,15 @@ fn instance(n: usize, group: &[String], k: usize) -> Instance {
     );
     let mut info = BytesMut::new();
     bulk(&mut info, text.as_bytes());
+    let mut info_replication = BytesMut::new();
+    bulk(
+        &mut info_replication,
+        format!("# Replication\r\n{repl}").as_bytes(),
+    );
     let (hello, _) = broadcast::channel(64);
     Instance {
         info: info.freeze(),
+        info_replication: info_replication.freeze(),
         role,
         hello,
     }
@@ -328,7 +336,11 @@ fn reply(
             Some(m) => bulk(out, m),
             None => simple(out, "PONG"),
         },
-        "INFO" => out.put_slice(&inst.info),
+        "INFO" => match args.get(1).map(|a| a.to_ascii_lowercase()) {
+            Some(section) if section == b"replication" => out.put_slice(&inst.info_replication),
+            // Other single sections are not asked for by either manager.
+            _ => out.put_slice(&inst.info),
+        },
         "ROLE" => out.put_slice(&inst.role),
         "SUBSCRIBE" => {
             if rx.is_none() {
@@ -400,6 +412,9 @@ mod tests {
         assert!(text.contains("slave0:ip=127.78.0.3,port=7001,state=online"));
         assert!(text.contains("tcp_port:7000\r\n"));
         assert!(text.len() > 3000, "INFO should have a realistic size");
+        let repl = String::from_utf8_lossy(&m.info_replication);
+        assert!(repl.contains("# Replication\r\nrole:master\r\n"));
+        assert!(!repl.contains("# Server") && !repl.contains("# Memory"));
         let r = instance(1, &g, 1);
         let text = String::from_utf8_lossy(&r.info);
         assert!(text.contains("role:slave\r\nmaster_host:127.78.0.2\r\nmaster_port:7000\r\n"));

@@ -42,6 +42,9 @@ pub(super) struct Instance {
     pub(super) script_kill: Option<KillAttempt>,
     /// Its probe reads INFO every [`INFO_FAST`] (else every [`INFO_SLOW`]).
     pub(super) info_fast: bool,
+    /// Its probe reads only `INFO replication` between full reads
+    /// [`INFO_SLOW`] apart (a healthy master).
+    pub(super) info_light: bool,
     /// Its `picket_instance_up` gauge, looked up once.
     up_gauge: metrics::Gauge,
     /// Its INFO-age gauge, registered at its first INFO.
@@ -272,6 +275,7 @@ impl Group {
                 busy: false,
                 script_kill: None,
                 info_fast: true,
+                info_light: false,
                 up_gauge,
                 info_age_gauge: None,
             },
@@ -350,20 +354,30 @@ impl Group {
                     })
                 });
             let fast = watch || is_master || !online || !inst.settled();
-            if fast != inst.info_fast {
-                changed.push((inst.addr.clone(), fast));
+            // A healthy master's replication state is read every second,
+            // the rest of its INFO at the slow period: nothing else it
+            // tells changes while it serves (a restart is a new
+            // connection, which is read in full). Anything that makes
+            // the group watch reads every INFO in full.
+            let light = is_master && !watch;
+            if fast != inst.info_fast || light != inst.info_light {
+                changed.push((inst.addr.clone(), fast, light));
             }
         }
-        for (addr, fast) in changed {
+        for (addr, fast, light) in changed {
             let Some(inst) = instances.get_mut(&addr) else {
                 continue;
             };
-            if fast != inst.info_fast {
-                inst.info_fast = fast;
-                if let Some(p) = inst.probe.as_ref() {
+            if let Some(p) = inst.probe.as_ref() {
+                if fast != inst.info_fast {
                     p.set_info_period(if fast { INFO_FAST } else { INFO_SLOW }.max(ping));
                 }
+                if light != inst.info_light {
+                    p.set_full_info_every(light.then_some(INFO_SLOW));
+                }
             }
+            inst.info_fast = fast;
+            inst.info_light = light;
         }
     }
 

@@ -132,6 +132,42 @@ impl Default for InfoSnapshot {
     }
 }
 
+/// What only a full `INFO` tells: the server and persistence sections.
+/// An `INFO replication` read is completed with the last full read's.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServerFields {
+    /// Detected flavour.
+    pub flavour: Flavour,
+    /// The version as reported.
+    pub version: Option<String>,
+    /// `run_id`.
+    pub run_id: Option<String>,
+    /// `loading:1`.
+    pub loading: bool,
+}
+
+impl InfoSnapshot {
+    /// The fields of the server and persistence sections.
+    pub fn server_fields(&self) -> ServerFields {
+        ServerFields {
+            flavour: self.flavour,
+            version: self.version.clone(),
+            run_id: self.run_id.clone(),
+            loading: self.loading,
+        }
+    }
+
+    /// This snapshot (of `INFO replication` alone) with the server and
+    /// persistence fields of an earlier full read.
+    pub fn with_server_fields(mut self, f: &ServerFields) -> InfoSnapshot {
+        self.flavour = f.flavour;
+        self.version = f.version.clone();
+        self.run_id = f.run_id.clone();
+        self.loading = f.loading;
+        self
+    }
+}
+
 /// Errors from [`parse_role`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InfoError {
@@ -537,6 +573,31 @@ mod tests {
         let (frame, used, _) = decode_bytes_mut(&mut buf).unwrap().unwrap();
         assert_eq!(used, raw.len(), "test input must be exactly one frame");
         frame
+    }
+
+    /// The replication section of a full reply, as `INFO replication`
+    /// returns it.
+    fn replication_section(full: &str) -> String {
+        let start = full.find("# Replication").expect("a replication section");
+        let rest = &full[start..];
+        let end = rest[1..].find("\n#").map_or(rest.len(), |i| i + 1);
+        rest[..end].to_string()
+    }
+
+    #[test]
+    fn a_replication_read_completed_with_the_last_full_one_equals_a_full_read() {
+        for full in [
+            REDIS7_MASTER,
+            VALKEY8_MASTER,
+            &joined(&[DF_SERVER, DF_MASTER_REPL]),
+        ] {
+            let whole = parse_info(full);
+            let light = parse_info(&replication_section(full));
+            // Alone, the section knows nothing of the server.
+            assert_eq!(light.run_id, None);
+            assert_eq!(light.version, None);
+            assert_eq!(light.with_server_fields(&whole.server_fields()), whole);
+        }
     }
 
     #[test]
