@@ -5,14 +5,17 @@
 //!   a missing or wrong token, 403 `Forbidden` for a token marked
 //!   forbidden) and client-certificate auth verified against its CA;
 //! - pods: list (with `labelSelector`: `a=b`, `a==b`, `a!=b`, `a in (x,y)`,
-//!   `a notin (x)`, `a`, `!a`), get, patch;
+//!   `a notin (x)`, `a`, `!a`), get, patch, delete, and watch (`?watch=1`,
+//!   see below);
 //! - `discovery.k8s.io/v1` EndpointSlices: list, get, create (409
 //!   `AlreadyExists`), replace (PUT), patch;
 //! - patches: merge (`application/merge-patch+json`; strategic merge is
 //!   treated as a merge, which is the same for the maps and atomic lists
 //!   picket writes) and JSON patch (`application/json-patch+json`, a failed
 //!   `test` gives 422 `Invalid`);
-//! - a resourceVersion bumped on every write; a stale
+//! - a resourceVersion bumped on every write (one revision for the whole
+//!   store, as etcd's); every write is an event in a bounded log (the last
+//!   [`EVENT_LOG_LEN`]), which watches are served from; a stale
 //!   `metadata.resourceVersion` in a PUT or patch body gives 409 `Conflict`;
 //!   `addressType` of a slice is immutable (422);
 //! - EndpointSlice validation as the real API server's: an address of an
@@ -30,7 +33,20 @@
 //!   [`FakeKube::add_service`]: their EndpointSlice follows the selected
 //!   pods' labels, IPs and readiness after a configurable lag, or not at
 //!   all while "stuck"; every change is recorded with its time;
-//! - a request log (method, path, query, content type, body, status, time);
+//! - watches as kube-apiserver 1.28 serves them from its watch cache:
+//!   HTTP 200, `Content-Type: application/json`, a chunked body of
+//!   newline-terminated `{"type":...,"object":...}` events; with
+//!   `resourceVersion` unset or `0` synthetic `ADDED` events for what exists
+//!   first; events after `resourceVersion=R` in order, a change into or out
+//!   of the `labelSelector` as `ADDED`/`DELETED`; `BOOKMARK`s every
+//!   [`FakeKube::set_bookmark_period`] with `allowWatchBookmarks=true`; one
+//!   `ERROR` event (410 `Expired` Status) for an `R` older than the log (see
+//!   [`FakeKube::compact`]) and the end; the end after `timeoutSeconds`
+//!   (default 300, at most [`MAX_WATCH_TIMEOUT`]), when the fake goes down
+//!   or is dropped (the body ends cleanly); EndpointSlices can be watched
+//!   the same way;
+//! - a request log (method, path, query, content type, body, status, time;
+//!   a watch shows as it starts);
 //! - a hook run on every request as it arrives, before it is answered (a
 //!   test can look at the world at the exact moment of a write);
 //! - "down": the port is closed (connections refused) and open
@@ -40,14 +56,18 @@
 //! `#[path = "support/fake_kube.rs"] mod fake_kube;`.
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use rcgen::{
@@ -58,10 +78,19 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 
 /// The token every fake accepts unless told otherwise.
 pub const DEFAULT_TOKEN: &str = "test-token";
+
+/// How many events the fake keeps for watches to start from (older ones
+/// are dropped, as a watch cache's window slides).
+pub const EVENT_LOG_LEN: usize = 10_000;
+
+/// The longest a watch lasts (`timeoutSeconds` is capped to it; the real
+/// server's default is 300 s, i.e. 5 minutes, or more).
+pub const MAX_WATCH_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Where an object lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -126,6 +155,32 @@ impl LoggedRequest {
     pub fn is_write(&self) -> bool {
         self.method != "GET"
     }
+    /// Whether this is a watch (a GET with `watch=1` or `watch=true`).
+    pub fn is_watch(&self) -> bool {
+        self.method == "GET" && is_watch_query(self.query.as_deref())
+    }
+    /// Whether this is a LIST or WATCH of pods (a GET of
+    /// `/api/v1/namespaces/{ns}/pods`).
+    fn is_pod_collection(&self) -> bool {
+        self.method == "GET"
+            && matches!(
+                self.path
+                    .trim_matches('/')
+                    .split('/')
+                    .collect::<Vec<_>>()
+                    .as_slice(),
+                ["api", "v1", "namespaces", _, "pods"]
+            )
+    }
+}
+
+/// `watch=1`, `watch=true` (Go's `strconv.ParseBool` spellings).
+fn is_watch_query(query: Option<&str>) -> bool {
+    query_param(query, "watch").is_some_and(|v| parse_bool(&v))
+}
+
+fn parse_bool(v: &str) -> bool {
+    matches!(v, "1" | "t" | "T" | "true" | "TRUE" | "True")
 }
 
 /// A function run on every request as it arrives, before it is answered.
@@ -151,6 +206,30 @@ struct State {
     controller_stuck: bool,
     controller_wake: Arc<tokio::sync::Notify>,
     slice_history: Vec<SliceChange>,
+    /// Every write, oldest first (at most [`EVENT_LOG_LEN`]).
+    events: VecDeque<Arc<WatchEvent>>,
+    /// The revision before the oldest event kept: a watch from an older
+    /// one gets 410 `Expired`.
+    log_start_rv: u64,
+    /// One queue per open watch; every event is pushed to each, in order,
+    /// under the lock (this is what wakes the watches).
+    watchers: Vec<mpsc::UnboundedSender<Arc<WatchEvent>>>,
+    bookmark_period: Duration,
+}
+
+/// One write of the store, as the watch cache keeps it.
+#[derive(Debug)]
+struct WatchEvent {
+    rv: u64,
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    kind_of_event: &'static str,
+    kind: FakeKind,
+    ns: String,
+    /// The object after the write (for `DELETED`: as it was, with the
+    /// deletion's resourceVersion).
+    object: Value,
+    /// The object before the write (none for `ADDED`).
+    prev: Option<Value>,
 }
 
 /// A Service with a selector, whose EndpointSlice the fake's controller keeps.
@@ -176,9 +255,70 @@ pub struct SliceChange {
 }
 
 impl State {
-    fn next_rv(&mut self) -> String {
+    /// The one way to change the store: takes the next revision, stores
+    /// `new` under (kind, ns, name) with it as `metadata.resourceVersion`
+    /// (`None`: removes the object), logs the event (`ADDED`, `MODIFIED`
+    /// or `DELETED`), hands it to every open watch and, for a pod, wakes
+    /// the endpoint-slice controller. Returns the object stored or
+    /// removed, with the new resourceVersion; `None` (and no revision) when
+    /// there was nothing to remove.
+    fn commit(
+        &mut self,
+        kind: FakeKind,
+        ns: &str,
+        name: &str,
+        new: Option<Value>,
+    ) -> Option<Value> {
+        let key = (kind, ns.to_string(), name.to_string());
+        if new.is_none() && !self.objects.contains_key(&key) {
+            return None;
+        }
         self.revision += 1;
-        self.revision.to_string()
+        let rv = self.revision;
+        let (kind_of_event, object, prev) = match new {
+            Some(mut obj) => {
+                obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+                let prev = self.objects.insert(key, obj.clone());
+                let t = if prev.is_some() { "MODIFIED" } else { "ADDED" };
+                (t, obj, prev)
+            }
+            None => {
+                let prev = self.objects.remove(&key).unwrap();
+                let mut obj = prev.clone();
+                obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+                ("DELETED", obj, Some(prev))
+            }
+        };
+        let event = Arc::new(WatchEvent {
+            rv,
+            kind_of_event,
+            kind,
+            ns: ns.to_string(),
+            object: object.clone(),
+            prev,
+        });
+        self.events.push_back(event.clone());
+        while self.events.len() > EVENT_LOG_LEN {
+            if let Some(old) = self.events.pop_front() {
+                self.log_start_rv = old.rv;
+            }
+        }
+        self.watchers.retain(|w| w.send(event.clone()).is_ok());
+        if kind == FakeKind::Pod {
+            self.controller_wake.notify_one();
+        }
+        Some(object)
+    }
+
+    /// A stored pod changed by `f` (a MODIFIED event); panics if there is none.
+    fn modify_pod(&mut self, ns: &str, name: &str, f: impl FnOnce(&mut Value)) -> Value {
+        let mut pod = self
+            .objects
+            .get(&(FakeKind::Pod, ns.to_string(), name.to_string()))
+            .unwrap_or_else(|| panic!("no pod {ns}/{name}"))
+            .clone();
+        f(&mut pod);
+        self.commit(FakeKind::Pod, ns, name, Some(pod)).unwrap()
     }
 }
 
@@ -285,6 +425,7 @@ impl FakeKube {
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State {
             tokens: [DEFAULT_TOKEN.to_string()].into_iter().collect(),
+            bookmark_period: Duration::from_secs(1),
             ..State::default()
         }));
         let (down, down_rx) = tokio::sync::watch::channel(false);
@@ -316,28 +457,43 @@ impl FakeKube {
                     let acceptor = acceptor.clone();
                     let st = st.clone();
                     let mut conn_rx = rx.clone();
+                    let handler_rx = rx.clone();
                     tokio::spawn(async move {
-                        let serve = async {
-                            let Ok(tls) = acceptor.accept(tcp).await else {
-                                return;
-                            };
-                            let has_cert = tls
-                                .get_ref()
-                                .1
-                                .peer_certificates()
-                                .is_some_and(|c| !c.is_empty());
-                            let svc = hyper::service::service_fn(move |req| {
-                                let st = st.clone();
-                                async move { Ok::<_, Infallible>(handle(st, req, has_cert).await) }
-                            });
-                            let _ = hyper::server::conn::http1::Builder::new()
-                                .serve_connection(TokioIo::new(tls), svc)
-                                .await;
+                        let tls = tokio::select! {
+                            t = acceptor.accept(tcp) => match t {
+                                Ok(t) => t,
+                                Err(_) => return,
+                            },
+                            _ = until(&mut conn_rx, true) => return,
                         };
-                        // Going down cuts open (keep-alive) connections too.
+                        let has_cert = tls
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .is_some_and(|c| !c.is_empty());
+                        // Whether the last request on this connection was a
+                        // watch (HTTP/1.1: one request at a time).
+                        let watching = Arc::new(AtomicBool::new(false));
+                        let w = watching.clone();
+                        let svc = hyper::service::service_fn(move |req| {
+                            let st = st.clone();
+                            let down = handler_rx.clone();
+                            let w = w.clone();
+                            async move { Ok::<_, Infallible>(handle(st, req, has_cert, down, w).await) }
+                        });
+                        let conn = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(tls), svc);
+                        tokio::pin!(conn);
                         tokio::select! {
-                            _ = serve => {}
+                            _ = conn.as_mut() => return,
                             _ = until(&mut conn_rx, true) => {}
+                        }
+                        // Going down cuts open (keep-alive) connections too,
+                        // but a watch ends its body cleanly first (its task
+                        // sees "down" too), as a terminating API server's do.
+                        if watching.load(Ordering::SeqCst) {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
                         }
                     });
                 }
@@ -366,6 +522,26 @@ impl FakeKube {
     /// the server's task: it may block briefly.
     pub fn set_hook(&self, hook: Option<RequestHook>) {
         self.st().hook = hook;
+    }
+
+    /// Write a kubeconfig for this server (its CA) with `token` in a token
+    /// file, both in `dir`; returns the kubeconfig's path.
+    pub fn write_kubeconfig(&self, dir: &std::path::Path, token: &str) -> std::path::PathBuf {
+        use base64::Engine as _;
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: test\nclusters:\n- name: fake\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: picket\n  user:\n    tokenFile: {}\ncontexts:\n- name: test\n  context:\n    cluster: fake\n    user: picket\n",
+                self.url(),
+                base64::engine::general_purpose::STANDARD.encode(self.ca_pem()),
+                token_file.display()
+            ),
+        )
+        .unwrap();
+        path
     }
 
     /// `https://127.0.0.1:PORT`.
@@ -487,16 +663,88 @@ impl FakeKube {
 
     /// Mark a pod ready or not (its `Ready` condition), as the kubelet would.
     pub fn set_pod_ready(&self, ns: &str, name: &str, ready: bool) {
+        self.st().modify_pod(ns, name, |pod| {
+            pod["status"]["conditions"] =
+                json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
+        });
+    }
+
+    /// Change a pod's IP (`status.podIP` and `status.podIPs`), a MODIFIED
+    /// event; panics if there is no such pod.
+    pub fn set_pod_ip(&self, ns: &str, name: &str, ip: &str) {
+        self.st().modify_pod(ns, name, |pod| {
+            pod["status"]["podIP"] = json!(ip);
+            pod["status"]["podIPs"] = json!([{"ip": ip}]);
+        });
+    }
+
+    /// What the API server does to a pod deleted with a grace period (the
+    /// kubelet deletes it when its containers are gone: [`FakeKube::delete_pod`]):
+    /// `metadata.deletionTimestamp` (RFC 3339, UTC: now plus the grace
+    /// period, as the real server sets it) and
+    /// `metadata.deletionGracePeriodSeconds`, a MODIFIED event; panics if
+    /// there is no such pod.
+    pub fn mark_pod_deleting(&self, ns: &str, name: &str, grace_secs: u64) {
+        let at = std::time::SystemTime::now() + Duration::from_secs(grace_secs);
+        let stamp = humantime::format_rfc3339_seconds(at).to_string();
+        self.st().modify_pod(ns, name, |pod| {
+            pod["metadata"]["deletionTimestamp"] = json!(stamp);
+            pod["metadata"]["deletionGracePeriodSeconds"] = json!(grace_secs);
+        });
+    }
+
+    /// Remove a pod now (a DELETED event; the object in it carries the
+    /// deletion's resourceVersion). Returns it, or `None` if there was none.
+    pub fn delete_pod(&self, ns: &str, name: &str) -> Option<Value> {
+        self.st().commit(FakeKind::Pod, ns, name, None)
+    }
+
+    /// Drop the whole event log, as an etcd compaction (or a watch cache
+    /// whose window moved on) does: a watch from any revision before the
+    /// current one gets 410 `Expired`. Open watches go on.
+    pub fn compact(&self) {
         let mut st = self.st();
-        let rv = st.next_rv();
-        let pod = st
-            .objects
-            .get_mut(&(FakeKind::Pod, ns.to_string(), name.to_string()))
-            .unwrap();
-        pod["status"]["conditions"] =
-            json!([{"type": "Ready", "status": if ready { "True" } else { "False" }}]);
-        pod["metadata"]["resourceVersion"] = json!(rv);
-        st.controller_wake.notify_one();
+        st.events.clear();
+        st.log_start_rv = st.revision;
+    }
+
+    /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK
+    /// (default 1 s; open watches take it after their next one).
+    pub fn set_bookmark_period(&self, d: Duration) {
+        self.st().bookmark_period = d;
+    }
+
+    /// The store's current revision (the resourceVersion of the last write).
+    pub fn revision(&self) -> u64 {
+        self.st().revision
+    }
+
+    /// The revision before the oldest event kept (see [`FakeKube::compact`]).
+    pub fn log_start_rv(&self) -> u64 {
+        self.st().log_start_rv
+    }
+
+    /// Every pod LIST request so far (a GET of `/api/v1/namespaces/{ns}/pods`
+    /// without `watch`), whatever it was answered.
+    pub fn pod_lists(&self) -> Vec<LoggedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.is_pod_collection() && !r.is_watch())
+            .collect()
+    }
+
+    /// Every pod WATCH request so far (logged as it starts; `status` is 200
+    /// once the stream is open, or the error it got).
+    pub fn pod_watches(&self) -> Vec<LoggedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.is_pod_collection() && r.is_watch())
+            .collect()
+    }
+
+    /// How many watch streams are open now.
+    pub fn open_watches(&self) -> usize {
+        self.st().watchers.iter().filter(|w| !w.is_closed()).count()
     }
 
     /// Seed a pod with an IP and labels; returns it.
@@ -521,7 +769,6 @@ impl FakeKube {
         obj["kind"] = json!(k);
         obj["apiVersion"] = json!(api);
         obj["metadata"]["namespace"] = json!(ns);
-        obj["metadata"]["resourceVersion"] = json!(st.next_rv());
         if obj["metadata"].get("uid").is_none() {
             obj["metadata"]["uid"] = json!(format!("uid-{name}"));
         }
@@ -530,23 +777,19 @@ impl FakeKube {
             panic!("the API server would refuse {name}: {causes:?}");
         }
         normalize(kind, &mut obj);
-        st.objects.insert((kind, ns.to_string(), name), obj.clone());
-        if kind == FakeKind::Pod {
-            st.controller_wake.notify_one();
-        }
-        obj
+        st.commit(kind, ns, &name, Some(obj)).unwrap()
     }
 
     /// Set an annotation on a stored object (as another writer would), bumping its resourceVersion.
     pub fn set_annotation(&self, kind: FakeKind, ns: &str, name: &str, key: &str, value: &str) {
         let mut st = self.st();
-        let rv = st.next_rv();
-        let obj = st
+        let mut obj = st
             .objects
-            .get_mut(&(kind, ns.to_string(), name.to_string()))
-            .unwrap();
+            .get(&(kind, ns.to_string(), name.to_string()))
+            .unwrap()
+            .clone();
         obj["metadata"]["annotations"][key] = json!(value);
-        obj["metadata"]["resourceVersion"] = json!(rv);
+        st.commit(kind, ns, name, Some(obj));
     }
 
     /// A stored object.
@@ -663,7 +906,6 @@ fn reconcile(st: &mut State) {
         if st.objects.get(&key).map(|o| &o["endpoints"]) == Some(&slice["endpoints"]) {
             continue;
         }
-        slice["metadata"]["resourceVersion"] = json!(st.next_rv());
         let addrs = |ready_only: bool| -> Vec<String> {
             slice["endpoints"]
                 .as_array()
@@ -680,13 +922,17 @@ fn reconcile(st: &mut State) {
             ready: addrs(true),
         };
         st.slice_history.push(change);
-        st.objects.insert(key, slice);
+        st.commit(FakeKind::EndpointSlice, &svc.ns, &name, Some(slice));
     }
 }
 
 // ---- request handling ----
 
-type Resp = Response<Full<Bytes>>;
+type Resp = Response<BoxBody<Bytes, Infallible>>;
+
+fn full(body: impl Into<Bytes>) -> BoxBody<Bytes, Infallible> {
+    Full::new(body.into()).boxed()
+}
 
 /// The bodies of [`FakeKube::garbage_next`]: what a broken proxy, a
 /// truncated transfer or a wrong server in front of the API could send.
@@ -703,7 +949,7 @@ fn respond(code: u16, body: &Value) -> Resp {
     Response::builder()
         .status(StatusCode::from_u16(code).unwrap())
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
+        .body(full(body.to_string()))
         .unwrap()
 }
 
@@ -724,7 +970,14 @@ fn status(code: u16, reason: &str, message: &str) -> Resp {
     respond(code, &status_body(code, reason, message))
 }
 
-async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool) -> Resp {
+async fn handle(
+    state: Arc<Mutex<State>>,
+    req: Request<Incoming>,
+    has_cert: bool,
+    down: tokio::sync::watch::Receiver<bool>,
+    watching: Arc<AtomicBool>,
+) -> Resp {
+    watching.store(false, Ordering::SeqCst);
     let at = Instant::now();
     let method = req.method().to_string();
     let path = req.uri().path().to_string();
@@ -782,7 +1035,8 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
         tokio::time::sleep(delay).await;
     }
 
-    let resp = {
+    let mut watch = None;
+    let mut resp = {
         let mut st = state.lock().unwrap();
         route(
             &mut st,
@@ -793,6 +1047,7 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
             authorization.as_deref(),
             &body,
             has_cert,
+            &mut watch,
         )
     };
     let mut st = state.lock().unwrap();
@@ -803,7 +1058,220 @@ async fn handle(state: Arc<Mutex<State>>, req: Request<Incoming>, has_cert: bool
         st.controller_wake.notify_one();
     }
     drop(st);
+    if let Some(w) = watch {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_watch(state, w, tx, down));
+        *resp.body_mut() = WatchBody(rx).boxed();
+        watching.store(true, Ordering::SeqCst);
+    }
     resp
+}
+
+// ---- watches ----
+
+/// A watch that passed every check, ready to stream.
+struct WatchStart {
+    kind: FakeKind,
+    ns: String,
+    selector: Selector,
+    /// Lines to send first: the synthetic ADDED events, the retained events
+    /// after the requested revision, or the one ERROR.
+    backlog: Vec<Bytes>,
+    /// The events that follow (none after an ERROR: the stream ends).
+    events: Option<mpsc::UnboundedReceiver<Arc<WatchEvent>>>,
+    bookmarks: bool,
+    timeout: Duration,
+}
+
+/// The chunked body of a watch: one frame per event line.
+struct WatchBody(mpsc::UnboundedReceiver<Bytes>);
+
+impl hyper::body::Body for WatchBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|l| l.map(|l| Ok(Frame::data(l))))
+    }
+}
+
+fn event_line(kind_of_event: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": kind_of_event, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+/// What a watch of (kind, ns, selector) sends for `ev`, as the watch
+/// cache: a change into the selector is ADDED, out of it DELETED (with the
+/// new object).
+fn watch_line(ev: &WatchEvent, kind: FakeKind, ns: &str, selector: &Selector) -> Option<Bytes> {
+    if ev.kind != kind || ev.ns != ns {
+        return None;
+    }
+    let before = ev
+        .prev
+        .as_ref()
+        .is_some_and(|p| selector.matches(&labels_of(p)));
+    let after = ev.kind_of_event != "DELETED" && selector.matches(&labels_of(&ev.object));
+    let t = match (before, after) {
+        (false, true) => "ADDED",
+        (true, true) => "MODIFIED",
+        (true, false) => "DELETED",
+        (false, false) => return None,
+    };
+    Some(event_line(t, &ev.object))
+}
+
+fn bookmark_line(kind: FakeKind, rv: u64) -> Bytes {
+    let (k, api) = kind.kind();
+    event_line(
+        "BOOKMARK",
+        &json!({"kind": k, "apiVersion": api, "metadata": {"resourceVersion": rv.to_string()}}),
+    )
+}
+
+/// Parse the watch parameters and take what the watch starts from, under
+/// the lock (so nothing falls between the backlog and the queue).
+fn start_watch(
+    st: &mut State,
+    kind: FakeKind,
+    ns: &str,
+    selector: Selector,
+    query: Option<&str>,
+) -> Result<WatchStart, Box<Resp>> {
+    let from = match query_param(query, "resourceVersion").as_deref() {
+        None | Some("") | Some("0") => None,
+        Some(s) => match s.parse::<u64>() {
+            Ok(rv) => Some(rv),
+            Err(_) => {
+                return Err(Box::new(status(
+                    400,
+                    "BadRequest",
+                    &format!(
+                        "invalid resource version: strconv.ParseUint: parsing {s:?}: invalid syntax"
+                    ),
+                )));
+            }
+        },
+    };
+    let timeout = match query_param(query, "timeoutSeconds").as_deref() {
+        None | Some("") | Some("0") => Duration::from_secs(300),
+        Some(s) => match s.parse::<u64>() {
+            Ok(n) => Duration::from_secs(n),
+            Err(_) => {
+                return Err(Box::new(status(
+                    400,
+                    "BadRequest",
+                    &format!("invalid timeoutSeconds {s:?}"),
+                )));
+            }
+        },
+    }
+    .min(MAX_WATCH_TIMEOUT);
+    let bookmarks = query_param(query, "allowWatchBookmarks").is_some_and(|v| parse_bool(&v));
+    let mut w = WatchStart {
+        kind,
+        ns: ns.to_string(),
+        selector,
+        backlog: Vec::new(),
+        events: None,
+        bookmarks,
+        timeout,
+    };
+    match from {
+        None => {
+            w.backlog = st
+                .objects
+                .iter()
+                .filter(|((k, n, _), o)| *k == kind && n == ns && w.selector.matches(&labels_of(o)))
+                .map(|(_, o)| event_line("ADDED", o))
+                .collect();
+        }
+        Some(rv) if rv < st.log_start_rv => {
+            // The watch cache's message: the revision asked for, then the
+            // oldest it can start from ("oldest event's - 1").
+            let gone = status_body(
+                410,
+                "Expired",
+                &format!("too old resource version: {rv} ({})", st.log_start_rv),
+            );
+            w.backlog = vec![event_line("ERROR", &gone)];
+            return Ok(w);
+        }
+        Some(rv) => {
+            w.backlog = st
+                .events
+                .iter()
+                .filter(|e| e.rv > rv)
+                .filter_map(|e| watch_line(e, kind, ns, &w.selector))
+                .collect();
+        }
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    st.watchers.push(tx);
+    w.events = Some(rx);
+    Ok(w)
+}
+
+/// Stream a watch into `out` until its timeout, the fake going down (or
+/// away), or the client leaving.
+async fn run_watch(
+    state: Arc<Mutex<State>>,
+    w: WatchStart,
+    out: mpsc::UnboundedSender<Bytes>,
+    mut down: tokio::sync::watch::Receiver<bool>,
+) {
+    for line in w.backlog {
+        if out.send(line).is_err() {
+            return;
+        }
+    }
+    let Some(mut events) = w.events else {
+        return;
+    };
+    let lock = || state.lock().unwrap_or_else(|e| e.into_inner());
+    let deadline = tokio::time::Instant::now() + w.timeout;
+    let mut next_bookmark = tokio::time::Instant::now() + lock().bookmark_period;
+    loop {
+        tokio::select! {
+            ev = events.recv() => {
+                let Some(ev) = ev else { return };
+                if let Some(line) = watch_line(&ev, w.kind, &w.ns, &w.selector)
+                    && out.send(line).is_err()
+                {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep_until(next_bookmark), if w.bookmarks => {
+                // Under the lock nothing can be logged: once the queue is
+                // drained, this watch has seen every event up to the
+                // revision.
+                let (pending, rv, period) = {
+                    let st = lock();
+                    let mut pending = Vec::new();
+                    while let Ok(ev) = events.try_recv() {
+                        pending.push(ev);
+                    }
+                    (pending, st.revision, st.bookmark_period)
+                };
+                let lines = pending
+                    .iter()
+                    .filter_map(|ev| watch_line(ev, w.kind, &w.ns, &w.selector))
+                    .chain([bookmark_line(w.kind, rv)]);
+                for line in lines {
+                    if out.send(line).is_err() {
+                        return;
+                    }
+                }
+                next_bookmark = tokio::time::Instant::now() + period;
+            }
+            _ = tokio::time::sleep_until(deadline) => return,
+            _ = until(&mut down, true) => return,
+            _ = out.closed() => return,
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -816,6 +1284,7 @@ fn route(
     authorization: Option<&str>,
     body: &str,
     has_cert: bool,
+    watch: &mut Option<WatchStart>,
 ) -> Resp {
     if !st.throttle_next.is_empty() {
         let secs = st.throttle_next.remove(0);
@@ -833,7 +1302,7 @@ fn route(
         return Response::builder()
             .status(StatusCode::OK)
             .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
+            .body(full(body))
             .unwrap();
     }
     if !st.fail_next.is_empty() {
@@ -922,6 +1391,23 @@ fn route(
                     }
                 },
             };
+            if is_watch_query(query) {
+                return match start_watch(st, kind, ns, selector, query) {
+                    Ok(w) => {
+                        *watch = Some(w);
+                        // The body is the stream (see `handle`).
+                        Response::builder()
+                            .status(StatusCode::OK)
+                            .header("content-type", "application/json")
+                            .body(full(Bytes::new()))
+                            .unwrap()
+                    }
+                    Err(r) => *r,
+                };
+            }
+            // Without resourceVersion a consistent read; with it (and
+            // resourceVersionMatch) the fake answers the same, which a
+            // real server may too.
             let items: Vec<Value> = st
                 .objects
                 .iter()
@@ -967,8 +1453,7 @@ fn route(
             obj["apiVersion"] = json!(api);
             obj["metadata"]["namespace"] = json!(ns);
             obj["metadata"]["uid"] = json!(format!("uid-{name}"));
-            obj["metadata"]["resourceVersion"] = json!(st.next_rv());
-            st.objects.insert(key(&name), obj.clone());
+            let obj = st.commit(kind, ns, &name, Some(obj)).unwrap();
             respond(201, &obj)
         }
         ("PUT", Some(name)) | ("PATCH", Some(name)) => {
@@ -978,10 +1463,10 @@ fn route(
             if st.conflict_next_writes > 0 {
                 // Another writer gets in between picket's read and write.
                 st.conflict_next_writes -= 1;
-                let rv = st.next_rv();
-                let o = st.objects.get_mut(&key(name)).unwrap();
+                let rv = (st.revision + 1).to_string();
+                let mut o = st.objects[&key(name)].clone();
                 o["metadata"]["annotations"]["fake.picket.io/touched"] = json!(rv);
-                o["metadata"]["resourceVersion"] = json!(rv);
+                st.commit(kind, ns, name, Some(o));
             }
             let current = st.objects[&key(name)].clone();
             let Ok(input) = serde_json::from_str::<Value>(body) else {
@@ -1048,10 +1533,16 @@ fn route(
             updated["apiVersion"] = json!(api);
             updated["metadata"]["namespace"] = json!(ns);
             updated["metadata"]["uid"] = current["metadata"]["uid"].clone();
-            updated["metadata"]["resourceVersion"] = json!(st.next_rv());
-            st.objects.insert(key(name), updated.clone());
+            let updated = st.commit(kind, ns, name, Some(updated)).unwrap();
             respond(200, &updated)
         }
+        // A pod without finalizers deleted at once (grace period 0, or one
+        // the kubelet has already honoured): 200 with the object as it was
+        // last, with the deletion's resourceVersion.
+        ("DELETE", Some(name)) if kind == FakeKind::Pod => match st.commit(kind, ns, name, None) {
+            Some(o) => respond(200, &o),
+            None => not_found(name),
+        },
         _ => status(
             405,
             "MethodNotAllowed",
