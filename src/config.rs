@@ -234,6 +234,111 @@ pub struct GroupConfig {
     /// Service-discovery backends (`[[group.discovery]]`).
     #[serde(default)]
     pub discovery: Vec<DiscoveryConfig>,
+    /// Take the group's members from Kubernetes pods (`[group.members]`).
+    /// Absent: the members are the master and the replicas it lists.
+    #[serde(default)]
+    pub members: Option<MembersConfig>,
+    /// A replica that the master no longer lists and that has been down
+    /// this long is forgotten (Sentinel keeps it until `SENTINEL RESET`).
+    /// A server last seen as a master is never forgotten this way: if it
+    /// came back it must be demoted.
+    #[serde(with = "humantime_serde", default = "default_forget_after")]
+    pub forget_after: Duration,
+}
+
+/// `[group.members]`: the group's servers are the pods a label selector
+/// matches, kept current with a list and a watch of the Kubernetes API.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MembersConfig {
+    /// kubeconfig path; omitted: the group's Kubernetes backend's, else
+    /// the in-cluster service account.
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context; omitted: the group's Kubernetes backend's, else
+    /// current-context.
+    #[serde(default)]
+    pub context: Option<String>,
+    /// Namespace of the pods; omitted: the group's Kubernetes backend's.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Label selector of the group's pods; omitted: the group's
+    /// Kubernetes backend's `pod_selector`.
+    #[serde(default)]
+    pub pod_selector: Option<String>,
+    /// The data port: a number, or the name of a container port.
+    pub port: PortRef,
+    /// When the master's pod is being deleted (rolling update, drain,
+    /// eviction), hand over to the best replica with a planned switchover.
+    #[serde(default = "default_true")]
+    pub handover_on_delete: bool,
+    /// Per-request timeout of the list (the watch lasts longer).
+    #[serde(with = "humantime_serde", default = "default_k8s_timeout")]
+    pub timeout: Duration,
+}
+
+/// A container port: its number, or its name in the pod spec.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum PortRef {
+    /// `port = 6379`.
+    Number(u16),
+    /// `port = "redis"`: the `containerPort` of the port of that name.
+    Name(String),
+}
+
+impl MembersConfig {
+    /// The settings with what is omitted taken from the group's first
+    /// Kubernetes backend.
+    pub fn resolved(&self, discovery: &[DiscoveryConfig]) -> MembersConfig {
+        let backend = discovery.iter().find_map(|d| match d {
+            DiscoveryConfig::Kubernetes(k) => Some(k),
+            _ => None,
+        });
+        let mut out = self.clone();
+        if let Some(k) = backend {
+            if out.kubeconfig.is_none() && out.context.is_none() {
+                out.kubeconfig = k.kubeconfig.clone();
+                out.context = k.context.clone();
+            }
+            if out.namespace.is_none() {
+                out.namespace = Some(k.namespace.clone());
+            }
+            if out.pod_selector.is_none() {
+                out.pod_selector = k.pod_selector.clone();
+            }
+        }
+        out
+    }
+
+    fn validate(&self, key: &str, discovery: &[DiscoveryConfig], v: &mut Problems) {
+        let r = self.resolved(discovery);
+        validate_kube_credentials(key, &self.kubeconfig, &self.context, v);
+        match r.namespace.as_deref() {
+            None => v.add(
+                format!("{key}.namespace"),
+                "is required (or a [[group.discovery]] of type \"kubernetes\" to take it from)",
+            ),
+            Some(ns) => v.check(format!("{key}.namespace"), dns_label_problem(ns, false)),
+        }
+        match r.pod_selector.as_deref().map(str::trim) {
+            None => v.add(
+                format!("{key}.pod_selector"),
+                "is required (or a [[group.discovery]] of type \"kubernetes\" with one)",
+            ),
+            Some("") => v.add(format!("{key}.pod_selector"), "must not be empty"),
+            Some(_) => {}
+        }
+        match &self.port {
+            PortRef::Number(0) => v.add(format!("{key}.port"), "must not be 0"),
+            PortRef::Name(n) if n.is_empty() || n.len() > 15 => v.add(
+                format!("{key}.port"),
+                "a container port name has 1 to 15 characters",
+            ),
+            _ => {}
+        }
+        v.positive(format!("{key}.timeout"), self.timeout);
+    }
 }
 
 /// TLS settings for connections to the data servers.
@@ -487,6 +592,28 @@ fn default_port_name() -> String {
 fn default_true() -> bool {
     true
 }
+/// `kubeconfig` must be a readable file and `context`, when given, not empty.
+fn validate_kube_credentials(
+    key: &str,
+    kubeconfig: &Option<PathBuf>,
+    context: &Option<String>,
+    v: &mut Problems,
+) {
+    if let Some(f) = kubeconfig {
+        v.file(format!("{key}.kubeconfig"), f);
+    }
+    if context.as_deref() == Some("") {
+        v.add(
+            format!("{key}.context"),
+            "must not be empty (omit it to use current-context)",
+        );
+    }
+}
+
+fn default_forget_after() -> Duration {
+    Duration::from_secs(600)
+}
+
 fn default_service_gate_timeout() -> Duration {
     Duration::from_secs(5)
 }
@@ -1043,9 +1170,29 @@ impl Config {
                     DiscoveryConfig::Memory(_) => "memory",
                 })
                 .collect();
+            let members = match &g.members {
+                Some(m) => {
+                    let m = m.resolved(&g.discovery);
+                    format!(
+                        ", members: pods {:?} in {} (port {}{})",
+                        m.pod_selector.unwrap_or_default(),
+                        m.namespace.unwrap_or_default(),
+                        match &m.port {
+                            PortRef::Number(n) => n.to_string(),
+                            PortRef::Name(n) => format!("{n:?}"),
+                        },
+                        if m.handover_on_delete {
+                            ", handover on deletion"
+                        } else {
+                            ""
+                        }
+                    )
+                }
+                None => String::new(),
+            };
             lines.push(format!(
                 "group {}: master {}, quorum {} of {}, down_after {}, failover_timeout {}, \
-                 flush_on_failover {}{}, discovery: {}",
+                 flush_on_failover {}{}{members}, discovery: {}",
                 g.name,
                 g.master,
                 g.quorum,
@@ -1423,6 +1570,10 @@ impl GroupConfig {
         for (j, d) in self.discovery.iter().enumerate() {
             d.validate(&format!("{key}.discovery[{j}]"), v);
         }
+        if let Some(m) = &self.members {
+            m.validate(&format!("{key}.members"), &self.discovery, v);
+        }
+        v.positive(format!("{key}.forget_after"), self.forget_after);
     }
 }
 
@@ -1553,15 +1704,7 @@ impl DiscoveryConfig {
 
 impl KubernetesConfig {
     fn validate(&self, key: &str, v: &mut Problems) {
-        if let Some(f) = &self.kubeconfig {
-            v.file(format!("{key}.kubeconfig"), f);
-        }
-        if self.context.as_deref() == Some("") {
-            v.add(
-                format!("{key}.context"),
-                "must not be empty (omit it to use current-context)",
-            );
-        }
+        validate_kube_credentials(key, &self.kubeconfig, &self.context, v);
         v.check(
             format!("{key}.namespace"),
             dns_label_problem(&self.namespace, false),

@@ -62,7 +62,7 @@ async fn metrics_handler(State(d): State<Arc<Daemon>>) -> Response {
     match &d.metrics {
         Some(h) => (
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            h.render(),
+            crate::metrics::render(h),
         )
             .into_response(),
         None => (

@@ -301,3 +301,132 @@ pub fn register_instance(group: &SharedString, server: &SharedString) {
 pub fn label(value: &str) -> SharedString {
     SharedString::from_shared(std::sync::Arc::from(value))
 }
+
+/// The (group, server) pairs of forgotten instances, whose series
+/// [`render`] leaves out: metrics-exporter-prometheus cannot delete a
+/// series, and a forgotten server's `picket_instance_up 0` would keep an
+/// "instance down" alert firing for as long as the process lives.
+static FORGOTTEN: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
+> = std::sync::LazyLock::new(Default::default);
+
+fn forgotten() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<(String, String)>> {
+    FORGOTTEN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The instance `server` of `group` is forgotten: its series leave the
+/// exposition.
+pub fn forget_instance_series(group: &str, server: &str) {
+    forgotten().insert((group.to_string(), server.to_string()));
+}
+
+/// The instance is known again (its series come back, with their values).
+pub fn revive_instance_series(group: &str, server: &str) {
+    let mut f = forgotten();
+    if !f.is_empty() {
+        f.remove(&(group.to_string(), server.to_string()));
+    }
+}
+
+/// The Prometheus exposition without the series of forgotten instances.
+pub fn render(handle: &PrometheusHandle) -> String {
+    let text = handle.render();
+    let gone = forgotten().clone();
+    if gone.is_empty() {
+        return text;
+    }
+    without_series_of(&text, &gone)
+}
+
+/// `text` without the sample lines whose `group` and `server` labels are
+/// one of `gone`.
+fn without_series_of(text: &str, gone: &std::collections::BTreeSet<(String, String)>) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let drop = !line.starts_with('#')
+            && line_labels(line).is_some_and(|labels| {
+                let get = |k: &str| {
+                    labels
+                        .iter()
+                        .find(|(n, _)| *n == k)
+                        .map(|(_, v)| v.as_str())
+                };
+                match (get("group"), get(SERVER_LABEL)) {
+                    (Some(g), Some(s)) => gone.contains(&(g.to_string(), s.to_string())),
+                    _ => false,
+                }
+            });
+        if !drop {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
+/// The labels of a sample line `name{k="v",...} value`, unescaped.
+fn line_labels(line: &str) -> Option<Vec<(&str, String)>> {
+    let start = line.find('{')?;
+    let mut rest = &line[start + 1..];
+    let mut labels = Vec::new();
+    loop {
+        rest = rest.trim_start_matches(',');
+        if rest.starts_with('}') {
+            return Some(labels);
+        }
+        let eq = rest.find("=\"")?;
+        let name = &rest[..eq];
+        let mut value = String::new();
+        let mut chars = rest[eq + 2..].char_indices();
+        let end = loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '\\' => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                '"' => break i,
+                c => value.push(c),
+            }
+        };
+        labels.push((name, value));
+        rest = &rest[eq + 2 + end + 1..];
+    }
+}
+
+#[cfg(test)]
+mod render_tests {
+    use super::*;
+
+    #[test]
+    fn the_series_of_a_forgotten_instance_leave_the_exposition() {
+        let text = "# HELP picket_instance_up up\n# TYPE picket_instance_up gauge\n\
+            picket_instance_up{group=\"cache\",server=\"10.0.0.1:6379\"} 0\n\
+            picket_instance_up{group=\"cache\",server=\"10.0.0.10:6379\"} 1\n\
+            picket_instance_up{group=\"other\",server=\"10.0.0.1:6379\"} 1\n\
+            picket_probe_errors_total{group=\"cache\",server=\"10.0.0.1:6379\",kind=\"refused\"} 3\n\
+            picket_group_config_epoch{group=\"cache\"} 2\n";
+        let gone = [("cache".to_string(), "10.0.0.1:6379".to_string())]
+            .into_iter()
+            .collect();
+        let out = without_series_of(text, &gone);
+        assert!(!out.contains("server=\"10.0.0.1:6379\"} 0"), "{out}");
+        assert!(!out.contains("kind=\"refused\""), "{out}");
+        assert!(out.contains("server=\"10.0.0.10:6379\"} 1"), "{out}");
+        assert!(
+            out.contains("group=\"other\",server=\"10.0.0.1:6379\""),
+            "{out}"
+        );
+        assert!(
+            out.contains("picket_group_config_epoch{group=\"cache\"} 2"),
+            "{out}"
+        );
+        assert!(out.starts_with("# HELP picket_instance_up up\n"), "{out}");
+    }
+
+    #[test]
+    fn labels_are_read_with_their_escapes() {
+        let l = line_labels("m{a=\"x\\\"y\",b=\"\\\\\"} 1\n").unwrap();
+        assert_eq!(l, vec![("a", "x\"y".to_string()), ("b", "\\".to_string())]);
+        assert_eq!(line_labels("m 1\n"), None);
+    }
+}

@@ -1510,7 +1510,8 @@ fn example_config_problems_are_only_its_missing_files() {
 fn example_config_has_every_key() {
     use picket::config::{
         AuthClients, DaemonConfig, ExecConfig, FileConfig, GroupConfig, IsolationFencingConfig,
-        KubernetesConfig, ListenTlsConfig, Role, TlsConfig, UserConfig, WebhookConfig,
+        KubernetesConfig, ListenTlsConfig, MembersConfig, PortRef, Role, TlsConfig, UserConfig,
+        WebhookConfig,
     };
     let p = || Some(PathBuf::from("/x"));
     let s = || Some("x".to_string());
@@ -1603,6 +1604,16 @@ fn example_config_has_every_key() {
                     required: true,
                 }),
             ],
+            members: Some(MembersConfig {
+                kubeconfig: p(),
+                context: s(),
+                namespace: s(),
+                pod_selector: s(),
+                port: PortRef::Number(1),
+                handover_on_delete: true,
+                timeout: d,
+            }),
+            forget_after: d,
         }],
     };
     let schema = key_set(&toml::Value::try_from(&full).unwrap());

@@ -1190,6 +1190,27 @@ required = {hook_req}
         }
     }
 
+    /// Wait (bounded) until [`Env::k8s_published`]: a replica is labelled
+    /// once it replicates from the new master, which follows the
+    /// failover's publication by a re-publication.
+    #[track_caller]
+    fn wait_k8s_published(&self, master: usize, epoch: u64) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !self.k8s_published(master, epoch) {
+            if Instant::now() >= deadline {
+                self.fail(&format!(
+                    "the pods and the slice do not show {} at epoch {epoch}: labels {:?}\n{:#?}",
+                    pod(master),
+                    (0..3)
+                        .map(|i| self.pod_label(i, "role"))
+                        .collect::<Vec<_>>(),
+                    self.fake.requests()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn pod_label(&self, i: usize, key: &str) -> Option<String> {
         self.fake.label(FakeKind::Pod, NS, &pod(i), key)
     }
@@ -1209,11 +1230,21 @@ required = {hook_req}
     }
 
     /// The pods and the slice say `master` (server index) is the master at `epoch`.
+    /// Whether the pods and the slice show `master` at `epoch`: its pod
+    /// labelled master, the pods of servers replicating from it labelled
+    /// replica, every other pod (a dead old master) without a role.
     fn k8s_published(&self, master: usize, epoch: u64) -> bool {
         let e = epoch.to_string();
+        let master_addr = self.servers[master].addr();
         (0..3).all(|i| {
-            let want = if i == master { "master" } else { "replica" };
-            self.pod_label(i, "role").as_deref() == Some(want)
+            let want = if i == master {
+                Some("master")
+            } else if replica_linked_to(&self.servers[i], master_addr) {
+                Some("replica")
+            } else {
+                None
+            };
+            self.pod_label(i, "role").as_deref() == want
                 && self.pod_epoch(i).as_deref() == Some(e.as_str())
         }) && {
             let s = self.slice();
@@ -1542,11 +1573,7 @@ fn failover_publishes_to_every_backend_in_gated_order() {
 
     // Kubernetes: the gated order, then the final state.
     check_gated_k8s_writes(&env, 0, &c, true);
-    assert!(
-        env.k8s_published(new, c.epoch),
-        "{:#?}",
-        env.fake.requests()
-    );
+    env.wait_k8s_published(new, c.epoch);
     // The figure of issue 13: writes of three daemons publishing one outcome.
     let after: Vec<LoggedRequest> = env.requests();
     let patches = after.iter().filter(|r| r.method == "PATCH").count();
@@ -1566,19 +1593,34 @@ fn failover_publishes_to_every_backend_in_gated_order() {
             .all(|r| !r.path.ends_with("/web-0"))
     );
 
-    let replicas = replicas_of(&env, c.master);
-    assert!(replicas.contains(&old.to_string()), "{replicas:?}");
-    assert!(
-        replicas.contains(&env.servers[other].addr().to_string()),
-        "{replicas:?}"
-    );
+    // Only a replica that replicates from the new master is published: the
+    // dead old master is not, the other replica once it follows the new
+    // master (the epoch's publication is then made again with it).
+    let replicas = vec![env.servers[other].addr().to_string()];
+    assert!(!replicas_of(&env, c.master).is_empty());
     let reporter = |i: usize| if i == c.leader { "leader" } else { "observer" };
+    let listed = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|r| r.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
 
-    // File: each daemon's own file, exactly.
+    // File: each daemon's own file, exactly, once the replica is linked.
     for (i, d) in env.daemons.iter().enumerate() {
-        let text = std::fs::read_to_string(&d.file)
-            .unwrap_or_else(|e| panic!("{}: {e}", d.file.display()));
-        let mut doc: Value = serde_json::from_str(&text).unwrap();
+        let read = || -> Value {
+            let text = std::fs::read_to_string(&d.file)
+                .unwrap_or_else(|e| panic!("{}: {e}", d.file.display()));
+            serde_json::from_str(&text).unwrap()
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while listed(&read()["replicas"]) != replicas && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut doc = read();
         assert_rfc3339_utc(doc["updated_at"].as_str().unwrap());
         doc.as_object_mut().unwrap().remove("updated_at");
         assert_eq!(
@@ -1597,11 +1639,23 @@ fn failover_publishes_to_every_backend_in_gated_order() {
         );
     }
 
-    // Exec: one run per daemon after its start-up run, Sentinel's
-    // arguments and picket's variables.
+    // Exec: one run per daemon after its start-up run (a change of the
+    // linked replicas alone runs nothing), Sentinel's arguments and
+    // picket's variables; the replicas are those linked at that moment.
     for (i, d) in env.daemons.iter().enumerate() {
         let runs = env.exec_runs(i);
         assert_eq!(runs.len(), 1, "runs of {}: {runs:?}", d.id);
+        let at_run = runs[0]
+            .lines
+            .iter()
+            .find_map(|l| l.strip_prefix("PICKET_REPLICAS="))
+            .unwrap_or_else(|| panic!("no PICKET_REPLICAS: {runs:?}"))
+            .to_string();
+        assert!(
+            at_run.is_empty() || at_run == replicas.join(","),
+            "exec of {}: PICKET_REPLICAS={at_run}",
+            d.id
+        );
         let expected: Vec<String> = [
             format!("arg={GROUP}"),
             format!("arg={}", reporter(i)),
@@ -1616,7 +1670,7 @@ fn failover_publishes_to_every_backend_in_gated_order() {
             format!("PICKET_ROLE={}", reporter(i)),
             format!("PICKET_OLD_MASTER={old}"),
             format!("PICKET_NEW_MASTER={}", c.master),
-            format!("PICKET_REPLICAS={}", replicas.join(",")),
+            format!("PICKET_REPLICAS={at_run}"),
         ]
         .into();
         assert_eq!(runs[0].lines, expected, "exec run of {}", d.id);
@@ -1647,18 +1701,33 @@ fn failover_publishes_to_every_backend_in_gated_order() {
             .iter()
             .filter(|r| r.daemon == d.id && r.body["event"] == "publish")
             .collect();
-        assert_eq!(publishes.len(), 1, "publications from {}: {got:#?}", d.id);
-        let mut body = publishes[0].body.clone();
-        assert_rfc3339_utc(body["timestamp"].as_str().unwrap());
-        body.as_object_mut().unwrap().remove("timestamp");
-        assert_eq!(
-            body,
-            json!({"group": GROUP, "epoch": c.epoch, "event": "publish", "reporter": reporter(i),
-                   "old_master": old.to_string(), "master": c.master.to_string(),
-                   "replicas": replicas}),
-            "webhook publication from {}",
+        // The epoch's publication, and one more once the replica linked
+        // if it was not yet: the same outcome, the replicas of the moment.
+        assert!(
+            (1..=2).contains(&publishes.len()),
+            "publications from {}: {got:#?}",
             d.id
         );
+        for (k, p) in publishes.iter().enumerate() {
+            let mut body = p.body.clone();
+            assert_rfc3339_utc(body["timestamp"].as_str().unwrap());
+            body.as_object_mut().unwrap().remove("timestamp");
+            let at = listed(&body["replicas"]);
+            let last = k + 1 == publishes.len();
+            assert!(
+                at == replicas || (!last && at.is_empty()),
+                "webhook publication {k} from {}: {body:#}",
+                d.id
+            );
+            assert_eq!(
+                body,
+                json!({"group": GROUP, "epoch": c.epoch, "event": "publish", "reporter": reporter(i),
+                       "old_master": old.to_string(), "master": c.master.to_string(),
+                       "replicas": at}),
+                "webhook publication from {}",
+                d.id
+            );
+        }
         assert_promoted_and_flushed(
             publishes[0].servers.as_ref().unwrap(),
             c.master,
@@ -1707,7 +1776,7 @@ fn startup_publication_labels_the_master_before_any_failover() {
         for i in 0..3 {
             assert_eq!(env.pod_epoch(i).as_deref(), Some("0"), "{}", pod(i));
         }
-        assert!(env.k8s_published(0, 0), "{:#?}", env.fake.requests());
+        env.wait_k8s_published(0, 0);
         for d in &env.daemons {
             let doc: Value =
                 serde_json::from_str(&std::fs::read_to_string(&d.file).unwrap()).unwrap();
@@ -1902,7 +1971,7 @@ fn a_daemon_resuming_with_an_older_epoch_does_not_overwrite_anything() {
     let epoch = gs[0]["config_epoch"].as_u64().unwrap();
     let master: SocketAddr = gs[0]["master"].as_str().unwrap().parse().unwrap();
     let new = env.index_of(master);
-    assert!(env.k8s_published(new, epoch));
+    env.wait_k8s_published(new, epoch);
     assert_eq!(
         std::fs::read_to_string(&env.daemons[frozen].file).unwrap(),
         startup_file,
@@ -1934,7 +2003,7 @@ fn a_daemon_resuming_with_an_older_epoch_does_not_overwrite_anything() {
         "a write after the resume without the failover's epoch: {:#?}",
         writes_since(&env, resumed_at_request)
     );
-    assert!(env.k8s_published(new, epoch));
+    env.wait_k8s_published(new, epoch);
     // The resumed daemon published the newer configuration as an observer,
     // over its own start-up file.
     let d = &env.daemons[frozen];
@@ -2075,7 +2144,7 @@ fn failover_through(arm: impl Fn(&FakeKube)) -> (Env, Converged) {
     let c = env.wait_converged(0, FAILOVER_WAIT);
     check_gated_k8s_writes(&env, 0, &c, true);
     let new = env.index_of(c.master);
-    assert!(env.k8s_published(new, c.epoch));
+    env.wait_k8s_published(new, c.epoch);
     (env, c)
 }
 
@@ -2186,7 +2255,7 @@ fn unauthorized_fence_aborts_with_a_clear_status_then_recovers() {
             .all(|c| c.to != "master" || c.after >= fixed)
     );
     let new = env.index_of(c.master);
-    assert!(env.k8s_published(new, c.epoch));
+    env.wait_k8s_published(new, c.epoch);
     check_gated_k8s_writes(&env, 0, &c, true);
 }
 
@@ -2266,7 +2335,7 @@ fn api_down_with_required_backends_blocks_the_promotion() {
         "promoted while the API was down: {promoted:?}"
     );
     check_gated_k8s_writes(&env, 0, &c, true);
-    assert!(env.k8s_published(env.index_of(c.master), c.epoch));
+    env.wait_k8s_published(env.index_of(c.master), c.epoch);
 }
 
 /// The API server is down during the failover and the Kubernetes backends
@@ -2325,7 +2394,7 @@ fn api_down_with_best_effort_backends_converges_when_it_returns() {
     assert_eq!(c.epoch, epoch);
     let converged = SystemTime::now();
     check_gated_k8s_writes(&env, 0, &c, false);
-    assert!(env.k8s_published(env.index_of(master), epoch));
+    env.wait_k8s_published(env.index_of(master), epoch);
     eprintln!(
         "best-effort Kubernetes backends converged {:.0} ms after the API came back",
         ms_between(up, converged)

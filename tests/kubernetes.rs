@@ -113,7 +113,12 @@ fn topo(epoch: u64, master: &str, old: Option<&str>) -> Topology {
         epoch,
         master: master.parse().unwrap(),
         old_master: old.map(|o| o.parse().unwrap()),
-        replicas: vec![],
+        // Every other seeded pod replicates from the master.
+        replicas: ["10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"]
+            .iter()
+            .filter(|a| **a != master)
+            .map(|a| a.parse().unwrap())
+            .collect(),
         reporter: Reporter::Leader,
     }
 }
@@ -280,6 +285,40 @@ async fn pod_labels_publish_demotes_old_master_before_promoting() {
         .map(String::from)
         .collect();
     assert_eq!(masters, vec!["cache-2"]);
+}
+
+#[tokio::test]
+async fn pod_labels_never_label_as_replica_a_pod_that_does_not_replicate_from_the_master() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    // A rescheduled pod, back as an empty lone master, with no role yet;
+    // and cache-2 is labelled replica but no longer replicates.
+    fake.add_pod(NS, "cache-3", "10.0.0.4", &[("app", "cache")]);
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(
+        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
+        KubernetesMode::PodLabels,
+    );
+    let mut t = topo(3, "10.0.0.2:6379", Some("10.0.0.1:6379"));
+    // Only cache-0 (the old master, now following) is linked.
+    t.replicas = vec!["10.0.0.1:6379".parse().unwrap()];
+    b.publish(&t).await.unwrap();
+    assert_eq!(role(&fake, "cache-1").as_deref(), Some("master"));
+    assert_eq!(role(&fake, "cache-0").as_deref(), Some("replica"));
+    assert_eq!(role(&fake, "cache-2"), None, "not linked: no role");
+    assert_eq!(
+        role(&fake, "cache-3"),
+        None,
+        "a lone master is never a replica"
+    );
+    // Once attached it is published as a replica in the same epoch.
+    t.replicas.push("10.0.0.4:6379".parse().unwrap());
+    b.publish(&t).await.unwrap();
+    assert_eq!(role(&fake, "cache-3").as_deref(), Some("replica"));
+    // Publishing what the pods already say writes nothing.
+    fake.clear_requests();
+    b.publish(&t).await.unwrap();
+    assert!(fake.writes().is_empty(), "{:?}", fake.writes());
 }
 
 #[tokio::test]

@@ -295,8 +295,17 @@ impl Backend for ExecBackend {
 
     fn publish<'a>(&'a self, t: &'a Topology) -> BoxFuture<'a, Result<(), DiscoveryError>> {
         Box::pin(async move {
+            // Run once per outcome, as Sentinel's client-reconfig-script:
+            // a change of the linked replicas within an epoch (a member
+            // attached, a replica lost) does not run it again.
+            let routing = Topology {
+                replicas: Vec::new(),
+                ..t.clone()
+            };
             self.delivered
-                .publish_once(t, || async move { self.run(&Invocation::publish(t)).await })
+                .publish_once(&routing, || async move {
+                    self.run(&Invocation::publish(t)).await
+                })
                 .await
         })
     }

@@ -2,11 +2,13 @@
 //! daemon's own publication, step 7, or a peer's), persisting it, and
 //! publishing it to the discovery backends.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
-use super::Group;
 use super::effects::Internal;
 use super::view::{FailoverOutcome, LastFailover};
+use super::{Group, members};
 use crate::addr::Addr;
 use crate::discovery::runner::RunnerError;
 use crate::discovery::{Reporter, Topology};
@@ -45,6 +47,9 @@ impl Group {
         metrics::gauge!(m::GROUP_MASTER, "group" => self.label.clone(), m::SERVER_LABEL => master.to_string()).set(1.0);
         self.ensure_instance(&master);
         self.ensure_instance(&old);
+        if let Some(i) = self.instances.get_mut(&old) {
+            i.last_seen_master = true;
+        }
         if old != master {
             // Sentinel converts an old master it cannot reach into a fresh
             // replica entry (role slave, no run id, no INFO yet); what it
@@ -106,8 +111,20 @@ impl Group {
         let epoch = topology.epoch;
         let master = topology.master.clone();
         self.config_persisting = true;
+        self.epoch_publication = Some((topology.reporter, topology.old_master.clone()));
+        self.published_replicas = self.linked_replicas();
+        self.published_replicas.sort();
+        // The leader writes first; a daemon that learnt the outcome from a
+        // peer publishes after a pause per rank, and then normally finds
+        // the objects already showing the epoch and writes nothing (three
+        // daemons writing one outcome at once fought with 409 Conflicts).
+        let wait = match topology.reporter {
+            Reporter::Leader => Duration::ZERO,
+            Reporter::Observer => members::RANK_STEP * (1 + self.rank() as u32),
+        };
         self.effects.spawn(async move {
             let persisted = state.set_config(&name, epoch, &master).await;
+            tokio::time::sleep(wait).await;
             let result = runner.publish(topology, deadline).await;
             Some(Internal::Published {
                 epoch,
@@ -192,10 +209,12 @@ impl Group {
             // announce_hostnames (a pod or an EndpointSlice is found by IP).
             master: self.wire(&self.master),
             old_master: old_master.map(|a| self.wire(&a)),
+            // Only replicas linked to the master: a lone empty master (a
+            // rescheduled pod) or a dead replica must never be published
+            // or labelled as a replica.
             replicas: self
-                .instances
-                .keys()
-                .filter(|a| **a != self.master)
+                .linked_replicas()
+                .iter()
                 .map(|a| self.wire(a))
                 .collect(),
             reporter,
@@ -207,15 +226,46 @@ impl Group {
     /// converge without waiting for a failover: only once the master itself
     /// reports `role:master` on a fresh INFO and a majority confirms the
     /// config. Backends refuse it if they hold a newer epoch.
+    ///
+    /// Within an epoch the publication is made again when the linked
+    /// replicas change (a new member attached, a replica lost), after a
+    /// pause of [`members::RANK_STEP`] per rank: the first daemon writes,
+    /// the others find the objects already so and write nothing.
     pub(super) fn publish_current_if_needed(&mut self) {
-        if self.published_epoch == Some(self.config_epoch) {
-            return;
-        }
         if !self.reports_master_now(&self.master) {
             return;
         }
+        let now = Instant::now();
+        let mut replicas = self.linked_replicas();
+        replicas.sort();
+        let republish = self.published_epoch == Some(self.config_epoch);
+        if republish {
+            if replicas == self.published_replicas {
+                self.republish_due = None;
+                return;
+            }
+            if self.config_persisting {
+                // The epoch's own publication is still under way.
+                return;
+            }
+            let wait = members::RANK_STEP * (1 + self.rank() as u32);
+            let due = *self.republish_due.get_or_insert(now + wait);
+            if now < due {
+                return;
+            }
+        }
+        self.republish_due = None;
         self.published_epoch = Some(self.config_epoch);
-        let topology = self.topology(Reporter::Observer, None);
+        self.published_replicas = replicas;
+        // A re-publication says what the epoch's first one said, with the
+        // replicas of now.
+        let (reporter, old) = match (&self.epoch_publication, republish) {
+            (Some((r, old)), true) => (*r, old.clone()),
+            _ => (Reporter::Observer, None),
+        };
+        self.epoch_publication = Some((reporter, old.clone()));
+        let mut topology = self.topology(reporter, None);
+        topology.old_master = old;
         let runner = self.discovery.clone();
         let deadline = self.cfg.failover_timeout;
         let name = self.cfg.name.clone();

@@ -40,11 +40,12 @@ mod effects;
 mod election;
 mod failover;
 mod isolation;
+mod members;
 mod observe;
 mod repair;
 pub mod view;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,6 +93,8 @@ pub enum GroupMsg {
     },
     /// `SENTINEL RESET`: forget replicas and peer answers, rediscover.
     Reset,
+    /// The group's pods changed (`[group.members]`).
+    Members(Arc<crate::discovery::kubernetes::members::Members>),
 }
 
 /// Handle to a running group task.
@@ -133,6 +136,9 @@ pub enum GroupError {
     /// The TLS settings of the data servers are unusable.
     #[error("tls: {0}")]
     Tls(String),
+    /// The pod watch of `[group.members]` cannot be set up.
+    #[error("members: {0}")]
+    Members(String),
 }
 
 /// A planned switchover asked for, waiting for fresh INFO.
@@ -200,6 +206,21 @@ struct Group {
     urgent: bool,
     /// Isolation fencing (`[group.isolation_fencing]`), see `isolation.rs`.
     isolation: isolation::Isolation,
+    /// The group's pods, as the pod watch last reported them.
+    members: Option<Arc<crate::discovery::kubernetes::members::Members>>,
+    /// Addresses forgotten because no pod has them any more: a master
+    /// lists a dead replica until its link times out, and it must not be
+    /// taken in again from that list.
+    gone: BTreeSet<Addr>,
+    /// The handover for a master whose pod is being deleted.
+    handover: Option<members::Handover>,
+    /// The replicas the last publication of this epoch named, and when a
+    /// publication for a changed set is due (see `publish_current_if_needed`).
+    published_replicas: Vec<Addr>,
+    republish_due: Option<Instant>,
+    /// The reporter and old master of this epoch's publication, which a
+    /// re-publication repeats.
+    epoch_publication: Option<(crate::discovery::Reporter, Option<Addr>)>,
 }
 
 /// Connection settings for the group's data servers.
@@ -245,6 +266,16 @@ pub fn spawn(
     tasks: &TaskTracker,
 ) -> Result<GroupHandle, GroupError> {
     let client = client_options(&cfg)?;
+    let pod_watch = match &cfg.members {
+        Some(mc) => Some(
+            crate::discovery::kubernetes::members::PodWatch::new(
+                &cfg.name,
+                &mc.resolved(&cfg.discovery),
+            )
+            .map_err(|e| GroupError::Members(e.to_string()))?,
+        ),
+        None => None,
+    };
     let record = ctx.state.group(&cfg.name);
     // A persisted config (from a failover) wins over the initial master in
     // the file; adopting it at start-up never flushes anything.
@@ -308,11 +339,34 @@ pub fn spawn(
         dirty: true,
         urgent: false,
         isolation: isolation::Isolation::new(&cfg.name, cfg.isolation_fencing.clone()),
+        members: None,
+        gone: BTreeSet::new(),
+        handover: None,
+        published_replicas: Vec::new(),
+        republish_due: None,
+        epoch_publication: None,
         label: m::label(&cfg.name),
         cfg,
         ctx,
     };
     g.ensure_instance(&master);
+    if let Some(w) = pod_watch {
+        // The watcher reports on a watch channel (bursts of pod changes
+        // coalesce); a forwarder hands each snapshot to the mailbox.
+        let (members_tx, mut members_rx) = watch::channel(None);
+        tasks.spawn(w.run(members_tx, cancel.clone()));
+        let mailbox = tx.clone();
+        tasks.spawn(async move {
+            while members_rx.changed().await.is_ok() {
+                let snapshot = members_rx.borrow_and_update().clone();
+                if let Some(m) = snapshot
+                    && mailbox.send(Box::new(GroupMsg::Members(m))).await.is_err()
+                {
+                    break;
+                }
+            }
+        });
+    }
     let handle = GroupHandle {
         tx,
         view: g.view_tx.subscribe(),
@@ -485,30 +539,41 @@ impl Group {
         self.notice_stall(now);
         match msg {
             GroupMsg::IsDown { query, reply } => self.answer_is_down(now, query, reply),
-            GroupMsg::Switchover { to, reply } => {
-                if self.pending_switchover.is_some() {
-                    let _ = reply.send(Err(FailoverError::InProgress));
-                } else if self.replicas_read_since(None, now) {
-                    self.request_switchover(now, to, reply);
-                } else {
-                    // Selection refuses stale INFO: read every replica
-                    // first (a round trip, not a period).
-                    self.pending_switchover = Some(PendingSwitchover {
-                        to,
-                        reply,
-                        since: now,
-                    });
-                    for r in self.replica_addrs() {
-                        self.refresh_info(&r);
-                    }
-                }
-            }
+            GroupMsg::Switchover { to, reply } => self.start_switchover(now, to, reply),
+            GroupMsg::Members(members) => self.on_members(now, members),
             GroupMsg::Reset => {
-                let master = self.master.clone();
-                self.instances.retain(|a, _| *a == master);
+                for addr in self.replica_addrs() {
+                    self.forget_instance(&addr);
+                }
                 self.election.reset();
                 self.emit(EventKind::ResetMaster, &Detail::Master);
-                self.refresh_info(&master);
+                self.refresh_info(&self.master);
+            }
+        }
+    }
+
+    /// A planned switchover: at once when every replica's INFO is fresh,
+    /// else after reading them all.
+    fn start_switchover(
+        &mut self,
+        now: Instant,
+        to: Option<Addr>,
+        reply: oneshot::Sender<Result<(), FailoverError>>,
+    ) {
+        if self.pending_switchover.is_some() {
+            let _ = reply.send(Err(FailoverError::InProgress));
+        } else if self.replicas_read_since(None, now) {
+            self.request_switchover(now, to, reply);
+        } else {
+            // Selection refuses stale INFO: read every replica first (a
+            // round trip, not a period).
+            self.pending_switchover = Some(PendingSwitchover {
+                to,
+                reply,
+                since: now,
+            });
+            for r in self.replica_addrs() {
+                self.refresh_info(&r);
             }
         }
     }
@@ -635,6 +700,8 @@ impl Group {
             // A peer's newer config whose check failed is tried again.
             self.check_peer_configs(now);
             self.export_instance_gauges(now);
+            self.forget_long_gone(now);
+            self.check_handover(now);
         }
     }
 }

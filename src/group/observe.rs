@@ -2,6 +2,7 @@
 //! SDOWN per instance, Sentinel's `role:slave` rule for the master, and
 //! the stall detector that forgives silences the process itself caused.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use crate::addr::Addr;
 use crate::events::{Detail, EventKind};
 use crate::failover::ops::ScriptKill;
 use crate::metrics as m;
-use crate::probe::info::InfoSnapshot;
+use crate::probe::info::{InfoSnapshot, ReplicaEntry};
 use crate::probe::sdown::{Sdown, Transition};
 use crate::probe::{self, ProbeEvent, ProbeHandle, ProbeSettings, Role};
 use crate::resp::RespError;
@@ -49,6 +50,9 @@ pub(super) struct Instance {
     up_gauge: metrics::Gauge,
     /// Its INFO-age gauge, registered at its first INFO.
     info_age_gauge: Option<metrics::Gauge>,
+    /// It was the master, or its last INFO said `role:master`: it is never
+    /// forgotten for being down (if it came back it must be demoted).
+    pub(super) last_seen_master: bool,
 }
 
 /// The INFO period of a master, of a replica out of place, and of every
@@ -73,7 +77,34 @@ pub(super) struct KillAttempt {
     pub(super) outcome: Option<Result<ScriptKill, ()>>,
 }
 
+/// The replicas `master`'s fresh INFO lists, if it is a master that shows
+/// its whole list (Dragonfly's `--managed_service_info` hides it).
+pub(super) fn master_list<'a>(
+    instances: &'a BTreeMap<Addr, Instance>,
+    master: &Addr,
+) -> Option<&'a [ReplicaEntry]> {
+    instances
+        .get(master)
+        .filter(|m| m.fresh())
+        .and_then(|m| m.info.as_ref())
+        .filter(|i| {
+            i.role == Role::Master
+                && i.connected_replicas
+                    .is_none_or(|n| n as usize <= i.replicas.len())
+        })
+        .map(|i| i.replicas.as_slice())
+}
+
 impl Instance {
+    /// Whether `list` (a master's replicas) has this instance online.
+    pub(super) fn listed_online(&self, list: &[ReplicaEntry]) -> bool {
+        list.iter().any(|r| {
+            // Older Dragonfly says `stable_sync` for online.
+            matches!(r.state.as_str(), "online" | "stable_sync")
+                && self.addr.is_reported_as(self.ip, Some(&r.ip), Some(r.port))
+        })
+    }
+
     /// What the view shows of the instance, besides ages and offsets: a
     /// probe report that changes none of it does not republish the view.
     fn shown(&self) -> impl PartialEq + use<> {
@@ -225,11 +256,16 @@ impl Group {
 
     /// Stop probing `addr` and drop what is known of it.
     pub(super) fn forget_instance(&mut self, addr: &Addr) {
-        if let Some(i) = self.instances.remove(addr)
-            && let Some(p) = i.probe
-        {
-            p.stop();
+        if let Some(i) = self.instances.remove(addr) {
+            if let Some(p) = i.probe {
+                p.stop();
+            }
+            // Its series leave /metrics: a forgotten server must not keep
+            // an alert on "instance down" firing.
+            m::forget_instance_series(&self.cfg.name, &i.server);
         }
+        self.aliases
+            .retain(|alias, known| alias != addr && known != addr);
         self.dirty = true;
     }
 
@@ -240,6 +276,7 @@ impl Group {
         }
         let ping = self.cfg.ping_period();
         let server = m::label(&addr.to_string());
+        m::revive_instance_series(&self.cfg.name, &server);
         let settings = ProbeSettings {
             group: self.label.clone(),
             addr: addr.clone(),
@@ -278,6 +315,7 @@ impl Group {
                 info_light: false,
                 up_gauge,
                 info_age_gauge: None,
+                last_seen_master: *addr == self.master,
             },
         );
         if *addr != self.master {
@@ -331,28 +369,11 @@ impl Group {
         // INFO_FAST): a replica it dropped or lists in another state has
         // lost its link, whatever the replica's last INFO said ten
         // seconds ago, and is read again at once.
-        let listed = instances
-            .get(master)
-            .filter(|m| m.fresh())
-            .and_then(|m| m.info.as_ref())
-            .filter(|i| {
-                // Dragonfly's `--managed_service_info` hides the list.
-                i.role == Role::Master
-                    && i.connected_replicas
-                        .is_none_or(|n| n as usize <= i.replicas.len())
-            })
-            .map(|i| i.replicas.as_slice());
+        let listed = master_list(instances, master);
         let mut changed = Vec::new();
         for inst in instances.values() {
             let is_master = inst.addr == *master;
-            let online = is_master
-                || listed.is_none_or(|rs| {
-                    rs.iter().any(|r| {
-                        // Older Dragonfly says `stable_sync` for online.
-                        matches!(r.state.as_str(), "online" | "stable_sync")
-                            && inst.addr.is_reported_as(inst.ip, Some(&r.ip), Some(r.port))
-                    })
-                });
+            let online = is_master || listed.is_none_or(|rs| inst.listed_online(rs));
             let fast = watch || is_master || !online || !inst.settled();
             // A healthy master's replication state is read every second,
             // the rest of its INFO at the slow period: nothing else it
@@ -513,6 +534,7 @@ impl Group {
                 if old_role != Some(info.role) {
                     inst.role_changed_at = Some(at);
                 }
+                inst.last_seen_master = info.role == Role::Master || is_master;
                 if is_master && info.role == Role::Master {
                     for r in &info.replicas {
                         new_replicas.push(Addr::new(r.ip.clone(), r.port));
@@ -551,7 +573,9 @@ impl Group {
         }
         for r in new_replicas {
             let r = self.identify(&r);
-            self.ensure_instance(&r);
+            if self.may_add_listed(&r) {
+                self.ensure_instance(&r);
+            }
         }
         // React at once to what INFO showed (a returning old master must be
         // demoted within the second it answers).

@@ -362,9 +362,14 @@ impl GroupView {
         self.instances.iter().find(|i| i.is_master)
     }
 
-    /// Replicas (every known instance except the master).
+    /// Replicas: every known instance except the master and any server
+    /// that reports `role:master` itself (a returning old master or an
+    /// empty lone pod, until it is made a replica: a client routing reads
+    /// by `SENTINEL replicas` must not be sent there).
     pub fn replicas(&self) -> impl Iterator<Item = &InstanceView> {
-        self.instances.iter().filter(|i| !i.is_master)
+        self.instances
+            .iter()
+            .filter(|i| !i.is_master && i.role != Role::Master)
     }
 
     /// Number of reachable peers plus self.

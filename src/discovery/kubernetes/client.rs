@@ -330,7 +330,7 @@ impl KubeClient {
     /// GET one object.
     pub async fn get(&self, kind: Kind, ns: &str, name: &str) -> Result<Value, ClientError> {
         let path = kind.object_path(ns, name);
-        self.send(Method::GET, &path, None, None, Expect::Object(Some(name)))
+        self.send(Method::GET, &path, &[], None, Expect::Object(Some(name)))
             .await
     }
 
@@ -355,17 +355,109 @@ impl KubeClient {
         ns: &str,
         label_selector: Option<&str>,
     ) -> Result<Vec<Value>, ClientError> {
+        Ok(self.list_versioned(kind, ns, label_selector).await?.0)
+    }
+
+    /// LIST as [`list`](Self::list), with the list's `resourceVersion`: a
+    /// watch started from it sees every change after the list.
+    pub async fn list_versioned(
+        &self,
+        kind: Kind,
+        ns: &str,
+        label_selector: Option<&str>,
+    ) -> Result<(Vec<Value>, String), ClientError> {
         let path = kind.collection_path(ns);
-        let query = label_selector.map(|s| ("labelSelector", s));
+        let query: Vec<(&str, &str)> = label_selector
+            .map(|s| ("labelSelector", s))
+            .into_iter()
+            .collect();
         let url = format!("{}{}", self.inner.server, path);
         let list = self
-            .send(Method::GET, &path, query, None, Expect::List)
+            .send(Method::GET, &path, &query, None, Expect::List)
             .await?;
-        list_items(list).map_err(|message| ClientError::Decode {
+        let version = list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let items = list_items(list).map_err(|message| ClientError::Decode {
             method: "GET".into(),
             url,
             message,
-        })
+        })?;
+        Ok((items, version))
+    }
+
+    /// Start a WATCH of the objects of a namespace (optionally by label
+    /// selector) from `resource_version`, with bookmarks; the server ends
+    /// it after `timeout`. One attempt (after a 401 with a refreshable
+    /// credential, two): the caller re-lists or backs off, as it must
+    /// anyway when the stream ends or a `410 Gone` says its version is
+    /// too old.
+    pub async fn watch(
+        &self,
+        kind: Kind,
+        ns: &str,
+        label_selector: Option<&str>,
+        resource_version: &str,
+        timeout: Duration,
+    ) -> Result<WatchStream, ClientError> {
+        let path = kind.collection_path(ns);
+        let url = format!("{}{}", self.inner.server, path);
+        let secs = timeout.as_secs().max(1).to_string();
+        let mut query = vec![
+            ("watch", "1"),
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", secs.as_str()),
+        ];
+        if let Some(s) = label_selector {
+            query.push(("labelSelector", s));
+        }
+        let mut reauthenticated = false;
+        loop {
+            let req = self
+                .request(Method::GET, &url)
+                .await?
+                .query(&query)
+                // The client's timeout is one request's; a watch lasts as
+                // long as the server keeps it, and a little more.
+                .timeout(timeout + self.inner.timeout);
+            let resp = req.send().await.map_err(|e| match tls_failure(&e) {
+                Some(message) => ClientError::Tls {
+                    url: url.clone(),
+                    message,
+                },
+                None => ClientError::Transport {
+                    method: "GET".into(),
+                    url: url.clone(),
+                    message: error_chain(&e),
+                    timeout: e.is_timeout(),
+                },
+            })?;
+            let status = resp.status();
+            if status.is_success() {
+                return Ok(WatchStream {
+                    resp,
+                    buf: Vec::new(),
+                    url,
+                });
+            }
+            let text = resp.text().await.unwrap_or_default();
+            if status == StatusCode::UNAUTHORIZED
+                && !reauthenticated
+                && self.inner.creds.refreshable()
+            {
+                reauthenticated = true;
+                self.inner.creds.invalidate().await;
+                continue;
+            }
+            return Err(ClientError::Api(decode_status(
+                &Method::GET,
+                &url,
+                status,
+                &text,
+            )));
+        }
     }
 
     /// POST a new object.
@@ -376,7 +468,7 @@ impl KubeClient {
             serde_json::to_vec(body).unwrap_or_default(),
         );
         let name = body_name(body);
-        self.send(Method::POST, &path, None, Some(bytes), Expect::Object(name))
+        self.send(Method::POST, &path, &[], Some(bytes), Expect::Object(name))
             .await
     }
 
@@ -397,7 +489,7 @@ impl KubeClient {
         self.send(
             Method::PATCH,
             &path,
-            None,
+            &[],
             Some(body),
             Expect::Object(Some(name)),
         )
@@ -420,7 +512,7 @@ impl KubeClient {
         self.send(
             Method::PUT,
             &path,
-            None,
+            &[],
             Some(body),
             Expect::Object(Some(name)),
         )
@@ -446,11 +538,34 @@ impl KubeClient {
         Ok(http)
     }
 
+    /// A request with the current credential.
+    async fn request(
+        &self,
+        method: Method,
+        url: &str,
+    ) -> Result<reqwest::RequestBuilder, ClientError> {
+        let auth = self.inner.creds.current().await?;
+        let http = self.http_for(auth.identity.as_ref())?;
+        let mut req = http.request(method, url).header(ACCEPT, "application/json");
+        if let Some(token) = &auth.token {
+            let mut v =
+                HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
+                    ClientError::Credentials(CredentialError::TokenFile {
+                        path: "<token>".into(),
+                        message: "the token contains characters not allowed in a header".into(),
+                    })
+                })?;
+            v.set_sensitive(true);
+            req = req.header(AUTHORIZATION, v);
+        }
+        Ok(req)
+    }
+
     async fn send(
         &self,
         method: Method,
         path: &str,
-        query: Option<(&str, &str)>,
+        query: &[(&str, &str)],
         body: Option<(&'static str, Vec<u8>)>,
         expect: Expect<'_>,
     ) -> Result<Value, ClientError> {
@@ -462,24 +577,9 @@ impl KubeClient {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let auth = self.inner.creds.current().await?;
-            let http = self.http_for(auth.identity.as_ref())?;
-            let mut req = http
-                .request(method.clone(), &url)
-                .header(ACCEPT, "application/json");
-            if let Some(q) = query {
-                req = req.query(&[q]);
-            }
-            if let Some(token) = &auth.token {
-                let mut v =
-                    HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
-                        ClientError::Credentials(CredentialError::TokenFile {
-                            path: "<token>".into(),
-                            message: "the token contains characters not allowed in a header".into(),
-                        })
-                    })?;
-                v.set_sensitive(true);
-                req = req.header(AUTHORIZATION, v);
+            let mut req = self.request(method.clone(), &url).await?;
+            if !query.is_empty() {
+                req = req.query(query);
             }
             if let Some((ct, bytes)) = &body {
                 req = req.header(CONTENT_TYPE, *ct).body(bytes.clone());
@@ -593,6 +693,131 @@ struct StatusBody {
     kind: Option<String>,
     reason: Option<String>,
     message: Option<String>,
+}
+
+/// One event of a watch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchEvent {
+    /// An object appeared (or now matches the selector).
+    Added(Value),
+    /// An object changed.
+    Modified(Value),
+    /// An object was deleted (or no longer matches the selector).
+    Deleted(Value),
+    /// Nothing changed up to this resourceVersion (a bookmark).
+    Bookmark(String),
+    /// The server ended the watch with a Status: `410` (`Expired`, `Gone`)
+    /// means the version is too old and the caller must list again.
+    Error(ApiError),
+}
+
+impl WatchEvent {
+    /// The resourceVersion to resume from after this event, if it has one.
+    pub fn resource_version(&self) -> Option<&str> {
+        match self {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
+                o["metadata"]["resourceVersion"].as_str()
+            }
+            WatchEvent::Bookmark(v) => Some(v),
+            WatchEvent::Error(_) => None,
+        }
+    }
+}
+
+/// A running watch: newline-separated JSON events.
+#[derive(Debug)]
+pub struct WatchStream {
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+    url: String,
+}
+
+impl WatchStream {
+    /// The next event; `None` when the server ended the watch.
+    pub async fn next(&mut self) -> Result<Option<WatchEvent>, ClientError> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return decode_watch_event(&self.url, &line).map(Some);
+            }
+            match self.resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if self.buf.len() + chunk.len() > MAX_WATCH_EVENT {
+                        return Err(self.decode_error(format!(
+                            "a watch event is longer than {MAX_WATCH_EVENT} bytes"
+                        )));
+                    }
+                    self.buf.extend_from_slice(&chunk);
+                }
+                Ok(None) if self.buf.iter().all(u8::is_ascii_whitespace) => return Ok(None),
+                Ok(None) => {
+                    let line = std::mem::take(&mut self.buf);
+                    return decode_watch_event(&self.url, &line).map(Some);
+                }
+                Err(e) => {
+                    return Err(ClientError::Transport {
+                        method: "GET".into(),
+                        url: self.url.clone(),
+                        message: format!("reading the watch: {}", error_chain(&e)),
+                        timeout: e.is_timeout(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn decode_error(&self, message: String) -> ClientError {
+        ClientError::Decode {
+            method: "GET".into(),
+            url: self.url.clone(),
+            message,
+        }
+    }
+}
+
+/// The longest watch event picket accepts (a pod is a few KiB; the API
+/// server's own limit on an object is about 1.5 MiB).
+const MAX_WATCH_EVENT: usize = 4 << 20;
+
+/// Decode one line of a watch. Public for the fuzz target `kube_json`.
+pub fn decode_watch_event(url: &str, line: &[u8]) -> Result<WatchEvent, ClientError> {
+    let bad = |message: String| ClientError::Decode {
+        method: "GET".into(),
+        url: url.to_string(),
+        message,
+    };
+    let mut v: Value =
+        serde_json::from_slice(line).map_err(|e| bad(format!("a watch event: {e}")))?;
+    let object = v.get_mut("object").map(Value::take).unwrap_or(Value::Null);
+    if !object.is_object() {
+        return Err(bad("a watch event without an object".into()));
+    }
+    match v["type"].as_str() {
+        Some("ADDED") => Ok(WatchEvent::Added(object)),
+        Some("MODIFIED") => Ok(WatchEvent::Modified(object)),
+        Some("DELETED") => Ok(WatchEvent::Deleted(object)),
+        Some("BOOKMARK") => match object["metadata"]["resourceVersion"].as_str() {
+            Some(rv) => Ok(WatchEvent::Bookmark(rv.to_string())),
+            None => Err(bad("a bookmark without a resourceVersion".into())),
+        },
+        Some("ERROR") => {
+            let code = object["code"]
+                .as_u64()
+                .and_then(|c| u16::try_from(c).ok())
+                .unwrap_or(500);
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            Ok(WatchEvent::Error(decode_status(
+                &Method::GET,
+                url,
+                status,
+                &object.to_string(),
+            )))
+        }
+        other => Err(bad(format!("a watch event of type {other:?}"))),
+    }
 }
 
 /// The `items` of a LIST answer: none when absent or null, an error when

@@ -332,6 +332,15 @@ const EXEC_V1: &str = "client.authentication.k8s.io/v1";
 const EXEC_V1BETA1: &str = "client.authentication.k8s.io/v1beta1";
 
 impl ClusterConfig {
+    /// From `kubeconfig` (with `context`, or its current-context) when
+    /// given, else the in-cluster service account.
+    pub fn load(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Self, KubeconfigError> {
+        match kubeconfig {
+            Some(path) => Self::from_kubeconfig(path, context),
+            None => Self::in_cluster(),
+        }
+    }
+
     /// Load `path` and resolve `context` (or the file's current-context).
     pub fn from_kubeconfig(path: &Path, context: Option<&str>) -> Result<Self, KubeconfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| KubeconfigError::Read {

@@ -16,6 +16,7 @@ pub mod client;
 pub mod endpointslice;
 pub mod gate;
 pub mod kubeconfig;
+pub mod members;
 pub mod podlabels;
 
 use serde_json::Value;
@@ -52,11 +53,8 @@ impl KubernetesBackend {
     /// Build the backend: read the kubeconfig (or the in-cluster service
     /// account) and check the mode's settings. Nothing is sent yet.
     pub fn new(cfg: &KubernetesConfig) -> Result<Self, DiscoveryError> {
-        let cluster = match &cfg.kubeconfig {
-            Some(path) => ClusterConfig::from_kubeconfig(path, cfg.context.as_deref()),
-            None => ClusterConfig::in_cluster(),
-        }
-        .map_err(|e| DiscoveryError::Permanent(format!("kubernetes: {e}")))?;
+        let cluster = ClusterConfig::load(cfg.kubeconfig.as_deref(), cfg.context.as_deref())
+            .map_err(|e| DiscoveryError::Permanent(format!("kubernetes: {e}")))?;
         let client = KubeClient::new(cluster, cfg.timeout)?;
         Self::with_client(cfg, client)
     }

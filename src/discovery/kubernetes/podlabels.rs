@@ -133,7 +133,8 @@ impl PodLabelWriter {
     }
 
     /// Label the new master (after every other pod lost the master label)
-    /// and all other matched pods as replicas.
+    /// and the pods of the linked replicas as replicas; other pods of the
+    /// group lose the role label.
     pub async fn publish(&self, t: &Topology) -> Result<(), DiscoveryError> {
         let mut pods = self.list().await?;
         // Refuse before writing anything when any pod of the group already
@@ -152,6 +153,19 @@ impl PodLabelWriter {
             }
             Err(NoMatch::Ambiguous(names)) => return Err(self.ambiguous(&t.master, &names)),
         };
+
+        // The pods of the replicas linked to the master; every other pod
+        // (an empty lone master, a dead old master, a server still
+        // syncing) gets no role label: a replica Service must not send
+        // reads to it.
+        let replica_names: Vec<String> = t
+            .replicas
+            .iter()
+            .filter_map(|r| pods_of(&pods, r).ok())
+            .flatten()
+            .map(object_name)
+            .filter(|n| *n != master_name)
+            .collect();
 
         // 1. Demote every other pod that routes as master. Re-list after, in
         //    case a slower writer labelled one in between.
@@ -175,7 +189,10 @@ impl PodLabelWriter {
                 )));
             }
             for name in &holders {
-                self.write_label(name, t.epoch, &self.replica_value).await?;
+                let value = replica_names
+                    .contains(name)
+                    .then_some(self.replica_value.as_str());
+                self.write_value(name, t.epoch, value).await?;
                 tracing::info!(group = %t.group, epoch = t.epoch, pod = %name,
                     "publish: pod lost the master label");
             }
@@ -192,19 +209,22 @@ impl PodLabelWriter {
                 master = %t.master, "publish: pod labelled master");
         }
 
-        // 3. Every other pod of the group is a replica.
+        // 3. The linked replicas are replicas; the other pods have no role.
         let mut first_err = None;
         for p in &pods {
             let name = object_name(p);
             if name == master_name {
                 continue;
             }
-            if label(p, &self.role_label) == Some(self.replica_value.as_str())
-                && super::stored_epoch(p) == Some(t.epoch)
+            let value = replica_names
+                .contains(&name)
+                .then_some(self.replica_value.as_str());
+            if label(p, &self.role_label) == value
+                && (value.is_none() || super::stored_epoch(p) == Some(t.epoch))
             {
                 continue;
             }
-            if let Err(e) = self.write_label(&name, t.epoch, &self.replica_value).await {
+            if let Err(e) = self.write_value(&name, t.epoch, value).await {
                 tracing::warn!(group = %t.group, epoch = t.epoch, pod = %name, error = %e,
                     "publish: cannot label pod as replica");
                 first_err.get_or_insert(e);
@@ -217,6 +237,25 @@ impl PodLabelWriter {
         match &self.gate {
             Some(g) => g.wait_listed(t.epoch, &t.master.host).await,
             None => Ok(()),
+        }
+    }
+
+    /// Set the role label to `value`, or remove it (`None`), at `epoch`
+    /// (no write when already so).
+    async fn write_value(
+        &self,
+        name: &str,
+        epoch: u64,
+        value: Option<&str>,
+    ) -> Result<Outcome, DiscoveryError> {
+        match value {
+            Some(v) => self.write_label(name, epoch, v).await,
+            None => {
+                self.write(name, epoch, None, true, |pod, _| {
+                    label(pod, &self.role_label).is_none()
+                })
+                .await
+            }
         }
     }
 

@@ -1,0 +1,345 @@
+//! A group's members from Kubernetes: the pods a label selector matches,
+//! kept current with a LIST and a WATCH from its resourceVersion
+//! (bookmarks keep the version fresh; a `410 Gone` or an error starts
+//! over from a new LIST after a backoff), as client-go's reflector does.
+//!
+//! The watcher only reports what the pods are; the group's task decides
+//! what to do with a new member, a gone one or a master whose pod is being
+//! deleted (`group/members.rs`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::client::{ClientError, Kind, KubeClient, WatchEvent};
+use super::kubeconfig::ClusterConfig;
+use crate::addr::Addr;
+use crate::config::{MembersConfig, PortRef};
+use crate::discovery::DiscoveryError;
+
+/// One pod of the group, as the watch last showed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The pod's name.
+    pub pod: String,
+    /// Its IP and data port.
+    pub addr: Addr,
+    /// Its `Ready` condition is true.
+    pub ready: bool,
+    /// It is being deleted (`metadata.deletionTimestamp` is set), with
+    /// its grace period.
+    pub deleting: Option<Duration>,
+}
+
+/// The group's pods with an IP and the data port, by pod name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Members {
+    /// Every such pod.
+    pub pods: Vec<Member>,
+}
+
+impl Members {
+    /// The member at `addr`, if any.
+    pub fn at(&self, addr: &Addr) -> Option<&Member> {
+        self.pods.iter().find(|m| m.addr == *addr)
+    }
+}
+
+/// The settings of one group's pod watch.
+#[derive(Debug, Clone)]
+pub struct PodWatch {
+    group: String,
+    client: KubeClient,
+    namespace: String,
+    selector: String,
+    port: PortRef,
+    watch_timeout: Duration,
+}
+
+/// How long one watch request lasts before the server ends it and the
+/// watcher starts the next from its last version (client-go: 5-10 min).
+const WATCH_TIMEOUT: Duration = Duration::from_secs(290);
+
+/// The first and the longest wait after a failed LIST or WATCH.
+const BACKOFF_FIRST: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+impl PodWatch {
+    /// Build the watch of `cfg` (already [`MembersConfig::resolved`]): read
+    /// the kubeconfig or the in-cluster service account. Nothing is sent.
+    pub fn new(group: &str, cfg: &MembersConfig) -> Result<PodWatch, DiscoveryError> {
+        let bad = |m: String| DiscoveryError::Permanent(format!("kubernetes members: {m}"));
+        let namespace = cfg
+            .namespace
+            .clone()
+            .ok_or_else(|| bad("no namespace".into()))?;
+        let selector = cfg
+            .pod_selector
+            .clone()
+            .filter(|s| !s.trim().is_empty())
+            .ok_or_else(|| bad("no pod_selector".into()))?;
+        let cluster = ClusterConfig::load(cfg.kubeconfig.as_deref(), cfg.context.as_deref())
+            .map_err(|e| bad(e.to_string()))?;
+        let client = KubeClient::new(cluster, cfg.timeout)?;
+        Ok(PodWatch {
+            group: group.to_string(),
+            client,
+            namespace,
+            selector,
+            port: cfg.port.clone(),
+            watch_timeout: WATCH_TIMEOUT,
+        })
+    }
+
+    /// The same watch with each WATCH request lasting `d` (tests: the
+    /// next one starts from the last version, or lists again after a
+    /// `410 Gone`).
+    pub fn with_watch_timeout(mut self, d: Duration) -> PodWatch {
+        self.watch_timeout = d;
+        self
+    }
+
+    /// Report the members on `tx` until `cancel`: `None` until the first
+    /// LIST succeeded, then every change.
+    pub async fn run(self, tx: watch::Sender<Option<Arc<Members>>>, cancel: CancellationToken) {
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = self.watch_loop(&tx) => {}
+        }
+    }
+
+    async fn watch_loop(&self, tx: &watch::Sender<Option<Arc<Members>>>) {
+        let mut backoff = BACKOFF_FIRST;
+        loop {
+            let mut pods: BTreeMap<String, Value>;
+            let version = match self
+                .client
+                .list_versioned(Kind::Pod, &self.namespace, Some(&self.selector))
+                .await
+            {
+                Ok((items, version)) => {
+                    pods = items
+                        .into_iter()
+                        .filter_map(|p| Some((p["metadata"]["name"].as_str()?.to_string(), p)))
+                        .collect();
+                    self.report(tx, &pods);
+                    version
+                }
+                Err(e) => {
+                    tracing::warn!(group = %self.group, error = %e, "listing the group's pods failed; retrying");
+                    backoff = pause(backoff).await;
+                    continue;
+                }
+            };
+            backoff = BACKOFF_FIRST;
+            match self.follow(tx, &mut pods, version).await {
+                Ended::Gone => {
+                    tracing::info!(group = %self.group, "the pod watch's version is too old (410 Gone): listing again");
+                }
+                Ended::Failed(e) => {
+                    tracing::warn!(group = %self.group, error = %e, "the pod watch failed; listing again");
+                    backoff = pause(backoff).await;
+                }
+            }
+        }
+    }
+
+    /// Watch from `version` until the version is too old (`410 Gone`) or
+    /// the server refuses the watch for good; a watch that ends (in time,
+    /// or cut off) is started again from the last version seen (an
+    /// event's or a bookmark's), after a backoff when it failed.
+    async fn follow(
+        &self,
+        tx: &watch::Sender<Option<Arc<Members>>>,
+        pods: &mut BTreeMap<String, Value>,
+        mut version: String,
+    ) -> Ended {
+        let mut backoff = BACKOFF_FIRST;
+        loop {
+            match self.watch_once(tx, pods, &mut version).await {
+                Ok(()) => backoff = BACKOFF_FIRST,
+                Err(Ended::Gone) => return Ended::Gone,
+                Err(Ended::Failed(e)) if !e.is_transient() => return Ended::Failed(e),
+                Err(Ended::Failed(e)) => {
+                    tracing::debug!(group = %self.group, error = %e, "the pod watch was cut off; watching again");
+                    backoff = pause(backoff).await;
+                }
+            }
+        }
+    }
+
+    /// One WATCH request, followed to its end.
+    async fn watch_once(
+        &self,
+        tx: &watch::Sender<Option<Arc<Members>>>,
+        pods: &mut BTreeMap<String, Value>,
+        version: &mut String,
+    ) -> Result<(), Ended> {
+        {
+            let mut stream = match self
+                .client
+                .watch(
+                    Kind::Pod,
+                    &self.namespace,
+                    Some(&self.selector),
+                    version,
+                    self.watch_timeout,
+                )
+                .await
+            {
+                Ok(s) => s,
+                Err(e) if e.code() == Some(410) => return Err(Ended::Gone),
+                Err(e) => return Err(Ended::Failed(e)),
+            };
+            loop {
+                let ev = match stream.next().await {
+                    Ok(Some(ev)) => ev,
+                    Ok(None) => return Ok(()),
+                    Err(e) => return Err(Ended::Failed(e)),
+                };
+                if let Some(v) = ev.resource_version() {
+                    *version = v.to_string();
+                }
+                match ev {
+                    WatchEvent::Added(p) | WatchEvent::Modified(p) => {
+                        if let Some(name) = p["metadata"]["name"].as_str() {
+                            pods.insert(name.to_string(), p);
+                            self.report(tx, pods);
+                        }
+                    }
+                    WatchEvent::Deleted(p) => {
+                        if let Some(name) = p["metadata"]["name"].as_str() {
+                            pods.remove(name);
+                            self.report(tx, pods);
+                        }
+                    }
+                    WatchEvent::Bookmark(_) => {}
+                    WatchEvent::Error(e) if e.code == 410 => return Err(Ended::Gone),
+                    WatchEvent::Error(e) => return Err(Ended::Failed(ClientError::Api(e))),
+                }
+            }
+        }
+    }
+
+    fn report(&self, tx: &watch::Sender<Option<Arc<Members>>>, pods: &BTreeMap<String, Value>) {
+        let members = Members {
+            pods: pods
+                .values()
+                .filter_map(|p| member_of(p, &self.port))
+                .collect(),
+        };
+        tx.send_if_modified(|cur| {
+            if cur.as_deref() == Some(&members) {
+                return false;
+            }
+            *cur = Some(Arc::new(members));
+            true
+        });
+    }
+}
+
+enum Ended {
+    Gone,
+    Failed(ClientError),
+}
+
+/// Sleep about `backoff` (jittered) and return the next one.
+async fn pause(backoff: Duration) -> Duration {
+    let f: f64 = rand::random_range(0.5..=1.0);
+    tokio::time::sleep(backoff.mul_f64(f)).await;
+    (backoff * 2).min(BACKOFF_MAX)
+}
+
+/// The member a pod is: it needs an IP and the data port (by number, or
+/// the `containerPort` of the container port of that name).
+pub fn member_of(pod: &Value, port: &PortRef) -> Option<Member> {
+    let name = pod["metadata"]["name"].as_str()?;
+    let ip = pod["status"]["podIP"].as_str().filter(|s| !s.is_empty())?;
+    let port = match port {
+        PortRef::Number(n) => *n,
+        PortRef::Name(want) => pod["spec"]["containers"]
+            .as_array()?
+            .iter()
+            .filter_map(|c| c["ports"].as_array())
+            .flatten()
+            .find(|p| p["name"].as_str() == Some(want))
+            .and_then(|p| p["containerPort"].as_u64())
+            .and_then(|p| u16::try_from(p).ok())?,
+    };
+    let ready = pod["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"].as_str() == Some("Ready") && c["status"].as_str() == Some("True"))
+    });
+    let deleting = pod["metadata"]["deletionTimestamp"].as_str().map(|_| {
+        Duration::from_secs(
+            pod["metadata"]["deletionGracePeriodSeconds"]
+                .as_u64()
+                .unwrap_or(30),
+        )
+    });
+    Some(Member {
+        pod: name.to_string(),
+        addr: Addr::new(ip.to_string(), port),
+        ready,
+        deleting,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, ip: Option<&str>, ready: bool) -> Value {
+        json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [
+                {"name": "sidecar", "ports": [{"name": "metrics", "containerPort": 9121}]},
+                {"name": "server", "ports": [{"name": "redis", "containerPort": 6380},
+                                             {"name": "admin", "containerPort": 9999}]},
+            ]},
+            "status": {
+                "podIP": ip,
+                "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+            },
+        })
+    }
+
+    #[test]
+    fn a_pod_is_a_member_by_its_ip_and_the_port_by_number_or_name() {
+        let p = pod("cache-0", Some("10.1.2.3"), true);
+        let m = member_of(&p, &PortRef::Name("redis".into())).unwrap();
+        assert_eq!(m.addr, Addr::new("10.1.2.3", 6380));
+        assert!(m.ready);
+        assert_eq!(m.deleting, None);
+        let m = member_of(&p, &PortRef::Number(7000)).unwrap();
+        assert_eq!(m.addr.port, 7000);
+        // No such port name, no IP yet: not a member.
+        assert_eq!(member_of(&p, &PortRef::Name("nope".into())), None);
+        assert_eq!(
+            member_of(&pod("cache-1", None, false), &PortRef::Number(6379)),
+            None
+        );
+        assert!(
+            !member_of(
+                &pod("cache-2", Some("10.1.2.4"), false),
+                &PortRef::Number(6379)
+            )
+            .unwrap()
+            .ready
+        );
+    }
+
+    #[test]
+    fn a_pod_being_deleted_carries_its_grace_period() {
+        let mut p = pod("cache-0", Some("10.1.2.3"), true);
+        p["metadata"]["deletionTimestamp"] = json!("2026-12-02T10:00:00Z");
+        p["metadata"]["deletionGracePeriodSeconds"] = json!(45);
+        let m = member_of(&p, &PortRef::Number(6379)).unwrap();
+        assert_eq!(m.deleting, Some(Duration::from_secs(45)));
+    }
+}
