@@ -1,6 +1,7 @@
 //! What picket decodes from the Kubernetes side
 //! (`picket::discovery::kubernetes`): API answers (a LIST's `items`, error
-//! `Status` bodies), the pod and EndpointSlice fields it reads, exec
+//! `Status` bodies, watch events), the pod and EndpointSlice fields it
+//! reads (a pod as a group member), exec
 //! credential plugin output (`ExecCredential` JSON) and kubeconfig YAML
 //! (serde-saphyr). None of it may panic.
 //!
@@ -13,7 +14,9 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use picket::addr::Addr;
-use picket::discovery::kubernetes::client::{decode_error_body, list_items};
+use picket::config::PortRef;
+use picket::discovery::kubernetes::client::{decode_error_body, decode_watch_event, list_items};
+use picket::discovery::kubernetes::members::member_of;
 use picket::discovery::kubernetes::endpointslice::{normalized_endpoints, normalized_ports};
 use picket::discovery::kubernetes::kubeconfig::{ClusterConfig, decode_exec_credential};
 use picket::discovery::kubernetes::podlabels::pod_name_of;
@@ -38,6 +41,8 @@ fn object(o: &Value) {
     let _ = label(o, "role");
     let _ = normalized_endpoints(o);
     let _ = normalized_ports(o);
+    let _ = member_of(o, &PortRef::Number(6379));
+    let _ = member_of(o, &PortRef::Name("redis".into()));
 }
 
 fn text_of(data: &[u8]) -> std::borrow::Cow<'_, str> {
@@ -54,6 +59,11 @@ fuzz_target!(|data: &[u8]| {
                 let _ = pod_name_of(&items, &addr);
             }
         }
+    }
+
+    // A line of a watch.
+    if let Ok(ev) = decode_watch_event("https://127.0.0.1:6443/api/v1/pods", data) {
+        let _ = ev.resource_version();
     }
 
     // An error answer.

@@ -135,9 +135,12 @@ impl PodWatch {
                     continue;
                 }
             };
-            backoff = BACKOFF_FIRST;
+            // The backoff is not reset by a list that works: a watch that
+            // is refused for good (a Role without `watch`) would otherwise
+            // list and watch again five times a second.
             match self.follow(tx, &mut pods, version).await {
                 Ended::Gone => {
+                    backoff = BACKOFF_FIRST;
                     tracing::info!(group = %self.group, "the pod watch's version is too old (410 Gone): listing again");
                 }
                 Ended::Failed(e) => {
