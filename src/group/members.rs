@@ -68,9 +68,16 @@ impl Group {
     }
 
     /// A replica the master lists may be added unless its pod is known to
-    /// be gone (a master lists a dead replica until its link times out).
+    /// be gone (a master lists a dead replica until its link times out),
+    /// and, once the pods are known, only if it is one of them. Before the
+    /// first list (the API unreachable at start-up) the master's list is
+    /// taken as it is: a failover must find its replicas.
     pub(super) fn may_add_listed(&self, addr: &Addr) -> bool {
         !self.gone.contains(addr)
+            && self
+                .members
+                .as_ref()
+                .is_none_or(|m| self.is_member(addr, m))
     }
 
     /// The master's pod is being deleted: once per master, a planned
