@@ -15,10 +15,11 @@
 mod common;
 #[path = "support/fake_kube.rs"]
 mod fake_kube;
+#[path = "support/writes.rs"]
+mod writes;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,7 @@ use fake_kube::{DEFAULT_TOKEN, FakeKind, FakeKube};
 use picket::config::{MembersConfig, PortRef};
 use picket::discovery::kubernetes::members::{Members, PodWatch};
 use serde_json::{Value, json};
+use writes::{Writer, longest_gap, lost_writes};
 
 const NS: &str = "cache";
 const GROUP: &str = "cache";
@@ -299,7 +301,7 @@ service = "cache"
                     && self.role("cache-0").as_deref() == Some("master")
             },
         );
-        let writer = Writer::start(self.cluster.nodes[0].resp);
+        let writer = Writer::start(self.cluster.nodes[0].resp, GROUP);
         wait_for("writes flow", Duration::from_secs(10), || {
             writer.count() >= 200
         });
@@ -447,103 +449,6 @@ fn a_replaced_replica_pod_becomes_a_labelled_replica_and_its_old_address_is_forg
     assert_eq!(env.role("cache-0").as_deref(), Some("master"));
     env.fake.set_hook(None);
     drop(fresh);
-}
-
-/// A client writing through picket: resolves the master from daemon 0 and
-/// records every acknowledged write and the longest gap between two.
-struct Writer {
-    stop: Arc<AtomicBool>,
-    acked: Arc<Mutex<Vec<(u64, Instant)>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Writer {
-    fn start(sentinel: SocketAddr) -> Writer {
-        let stop = Arc::new(AtomicBool::new(false));
-        let acked: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
-        let (s, a) = (stop.clone(), acked.clone());
-        let thread = std::thread::spawn(move || {
-            let deadline = Instant::now() + Duration::from_secs(120);
-            let mut conn: Option<RespConn> = None;
-            let mut i = 0u64;
-            while !s.load(Ordering::Relaxed) && Instant::now() < deadline {
-                if conn.is_none() {
-                    let master = match redis_cmd(
-                        sentinel,
-                        &["SENTINEL", "get-master-addr-by-name", GROUP],
-                    ) {
-                        Ok(Reply::Array(v)) if v.len() == 2 => format!(
-                            "{}:{}",
-                            v[0].as_str().unwrap_or(""),
-                            v[1].as_str().unwrap_or("")
-                        )
-                        .parse::<SocketAddr>()
-                        .ok(),
-                        _ => None,
-                    };
-                    conn =
-                        master.and_then(|m| RespConn::connect(m, Duration::from_millis(500)).ok());
-                    if conn.is_none() {
-                        std::thread::sleep(Duration::from_millis(5));
-                        continue;
-                    }
-                }
-                let key = format!("k{i}");
-                let val = i.to_string();
-                let ok = conn
-                    .as_mut()
-                    .map(|c| c.cmd(&["SET", &key, &val]))
-                    .is_some_and(|r| r.is_ok_and(|r| r.is_ok()));
-                if ok {
-                    a.lock().unwrap().push((i, Instant::now()));
-                    i += 1;
-                } else {
-                    conn = None;
-                }
-            }
-        });
-        Writer {
-            stop,
-            acked,
-            thread: Some(thread),
-        }
-    }
-
-    fn count(&self) -> usize {
-        self.acked.lock().unwrap().len()
-    }
-
-    fn finish(mut self) -> Vec<(u64, Instant)> {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-        std::mem::take(&mut *self.acked.lock().unwrap())
-    }
-}
-
-/// The acknowledged writes `master` does not hold.
-fn lost_writes(master: SocketAddr, acked: &[(u64, Instant)]) -> Vec<u64> {
-    let mut conn = RespConn::connect(master, CMD_TIMEOUT).unwrap();
-    acked
-        .iter()
-        .filter(|(i, _)| {
-            conn.cmd(&["GET", &format!("k{i}")])
-                .ok()
-                .and_then(|r| r.as_str().map(str::to_string))
-                != Some(i.to_string())
-        })
-        .map(|(i, _)| *i)
-        .collect()
-}
-
-/// The longest time between two acknowledged writes.
-fn longest_gap(acked: &[(u64, Instant)]) -> Duration {
-    acked
-        .windows(2)
-        .map(|w| w[1].1.duration_since(w[0].1))
-        .max()
-        .unwrap_or_default()
 }
 
 #[test]

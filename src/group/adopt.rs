@@ -40,6 +40,7 @@ impl Group {
         from: Option<&str>,
     ) {
         self.published_epoch = Some(epoch);
+        self.republish_due = None;
         let old = std::mem::replace(&mut self.master, master.clone());
         self.config_epoch = epoch;
         metrics::gauge!(m::CONFIG_EPOCH, "group" => self.label.clone()).set(epoch as f64);
@@ -248,11 +249,15 @@ impl Group {
                 // The epoch's own publication is still under way.
                 return;
             }
-            let wait = members::RANK_STEP * (1 + self.rank() as u32);
-            let due = *self.republish_due.get_or_insert(now + wait);
-            if now < due {
-                return;
-            }
+        }
+        // The first daemon in rank order writes; the others come after it
+        // and find the objects already showing the epoch (after a start,
+        // three daemons writing at once fought with 409 Conflicts).
+        let rank = self.rank() as u32;
+        let wait = members::RANK_STEP * if republish { 1 + rank } else { rank };
+        let due = *self.republish_due.get_or_insert(now + wait);
+        if now < due {
+            return;
         }
         self.republish_due = None;
         self.published_epoch = Some(self.config_epoch);
