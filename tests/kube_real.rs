@@ -29,8 +29,9 @@
 //!   and never the old master after the new one was promoted; kill → old
 //!   master out of the Service, → promoted, → new master in the Service;
 //! - a replica pod replaced by a pod with another IP;
-//! - a rolling restart of the three pods under writes (no acknowledged
-//!   write lost, the longest write gap).
+//! - a rolling restart of the three pods under writes through the Service
+//!   (to its ready endpoint, as kube-proxy routes): no acknowledged write
+//!   lost, the longest write gap.
 
 mod common;
 #[path = "support/writes.rs"]
@@ -887,7 +888,20 @@ service = "cache-es"
             .filter(|(i, _)| *i != master_idx)
             .all(|(_, s)| replica_linked_to(s, servers[master_idx].addr()))
     });
-    let writer = Writer::start(cluster.nodes[0].resp, GROUP);
+    // The writes go through the Service that selects role=master: to its
+    // ready endpoint, as kube-proxy would route them.
+    let ports: Arc<Mutex<std::collections::HashMap<String, u16>>> = Arc::new(Mutex::new(
+        servers.iter().map(|s| (s.ip(), s.port())).collect(),
+    ));
+    let writer = {
+        let (watch, ports) = (watch.clone(), ports.clone());
+        Writer::start_resolving(move || {
+            let ready = watch.now("cache")?;
+            let ip = ready.first()?;
+            let port = *ports.lock().unwrap().get(ip)?;
+            format!("{ip}:{port}").parse().ok()
+        })
+    };
     wait("writes flow", 10, &mut || writer.count() >= 200);
     let t_roll = Instant::now();
     for i in [2usize, 1, 0] {
@@ -908,6 +922,7 @@ service = "cache-es"
         cp.delete_pod(&pod, 0);
         cp.wait_pod_gone(&pod);
         let fresh = RedisServer::start_fresh(RedisOpts::default());
+        ports.lock().unwrap().insert(fresh.ip(), fresh.port());
         cp.add_pod(&pod, &fresh);
         wait(&format!("the new {pod} replicating"), 30, &mut || {
             cluster.nodes[0]

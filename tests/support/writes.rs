@@ -3,6 +3,9 @@
 //! daemon, writes `k<i> = i` with increasing `i`, and re-resolves on any
 //! error. Included by tests with `#[path]`, next to `common`.
 
+// Each including test uses part of it.
+#![allow(dead_code)]
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +24,25 @@ pub struct Writer {
 impl Writer {
     /// Start writing to the master of `group` as daemon `sentinel` names it.
     pub fn start(sentinel: SocketAddr, group: &'static str) -> Writer {
+        Writer::start_resolving(move || {
+            match redis_cmd(sentinel, &["SENTINEL", "get-master-addr-by-name", group]) {
+                Ok(Reply::Array(v)) if v.len() == 2 => format!(
+                    "{}:{}",
+                    v[0].as_str().unwrap_or(""),
+                    v[1].as_str().unwrap_or("")
+                )
+                .parse::<SocketAddr>()
+                .ok(),
+                _ => None,
+            }
+        })
+    }
+
+    /// Start writing to whatever `resolve` names (a Service's ready
+    /// endpoint, as kube-proxy would pick it), asking again after any
+    /// error; a connection is kept while it works, as a client's
+    /// connection through a Service outlives a change of its endpoints.
+    pub fn start_resolving(resolve: impl Fn() -> Option<SocketAddr> + Send + 'static) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let acked: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
         let (s, a) = (stop.clone(), acked.clone());
@@ -30,21 +52,8 @@ impl Writer {
             let mut i = 0u64;
             while !s.load(Ordering::Relaxed) && Instant::now() < deadline {
                 if conn.is_none() {
-                    let master = match redis_cmd(
-                        sentinel,
-                        &["SENTINEL", "get-master-addr-by-name", group],
-                    ) {
-                        Ok(Reply::Array(v)) if v.len() == 2 => format!(
-                            "{}:{}",
-                            v[0].as_str().unwrap_or(""),
-                            v[1].as_str().unwrap_or("")
-                        )
-                        .parse::<SocketAddr>()
-                        .ok(),
-                        _ => None,
-                    };
-                    conn =
-                        master.and_then(|m| RespConn::connect(m, Duration::from_millis(500)).ok());
+                    conn = resolve()
+                        .and_then(|m| RespConn::connect(m, Duration::from_millis(500)).ok());
                     if conn.is_none() {
                         std::thread::sleep(Duration::from_millis(5));
                         continue;
