@@ -173,6 +173,20 @@ async fn the_pod_watch_follows_the_pods_and_lists_again_after_410() {
     })
     .await;
     assert!(r.is_ok(), "the watch did not end with the API server down");
+    // Why the watch fails is reported with the pods as last seen.
+    let r = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if rx.borrow().as_ref().is_some_and(|m| m.error.is_some()) {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(r.is_ok(), "no error reported with the API server down");
+    assert_eq!(members_of(&rx).len(), 3, "the pods as last seen");
     fake.delete_pod(NS, "cache-2");
     fake.compact();
     fake.set_down(false);
@@ -188,6 +202,11 @@ async fn the_pod_watch_follows_the_pods_and_lists_again_after_410() {
     })
     .await;
     assert!(r.is_ok(), "no second list after 410: {:?}", fake.requests());
+    assert_eq!(
+        rx.borrow().as_ref().and_then(|m| m.error.clone()),
+        None,
+        "the error is cleared once a list works"
+    );
     // And it keeps following after the re-list.
     fake.set_pod_ready(NS, "cache-0", false);
     let r = tokio::time::timeout(Duration::from_secs(10), async {
@@ -406,6 +425,13 @@ fn a_replaced_replica_pod_becomes_a_labelled_replica_and_its_old_address_is_forg
         },
     );
     let took = t0.elapsed();
+    for n in &env.cluster.nodes {
+        let m = &n.group(GROUP)["members"];
+        assert_eq!(m["synced"], true, "{}: {m}", n.id);
+        assert_eq!(m["pods"], 3, "{}: {m}", n.id);
+        assert_eq!(m["ready"], 3, "{}: {m}", n.id);
+        assert!(m["error"].is_null(), "{}: {m}", n.id);
+    }
     eprintln!(
         "replaced replica pod: attached, labelled and old address forgotten on every daemon after {took:?}"
     );

@@ -582,6 +582,7 @@ mod tests {
                     config_epoch: None,
                 },
             ],
+            members: None,
             discovery: vec![],
             recorded: vec![],
         }

@@ -298,10 +298,52 @@ pub struct GroupView {
     pub instances: Vec<InstanceView>,
     /// The other daemons.
     pub peers: Vec<PeerView>,
+    /// Members from pods (`[group.members]`), if configured.
+    pub members: Option<MembersView>,
     /// Discovery backends.
     pub discovery: Vec<BackendStatus>,
     /// Every write the `memory` backends accepted, in order.
     pub recorded: Vec<crate::discovery::memory::Record>,
+}
+
+/// The pod watch of `[group.members]`, as `/v1/status` shows it.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct MembersView {
+    /// The first list has been read.
+    pub synced: bool,
+    /// Pods with an IP and the data port.
+    pub pods: usize,
+    /// Of those, Ready and not being deleted.
+    pub ready: usize,
+    /// The pod being deleted whose server is the master, if any (a
+    /// handover is under way or done).
+    pub master_pod_deleting: Option<String>,
+    /// Why the last list or watch failed, until one works again.
+    pub error: Option<String>,
+}
+
+impl Group {
+    fn members_view(&self) -> MembersView {
+        let Some(m) = self.members.as_ref() else {
+            return MembersView::default();
+        };
+        let master = self.wire(&self.master);
+        MembersView {
+            synced: true,
+            pods: m.pods.len(),
+            ready: m
+                .pods
+                .iter()
+                .filter(|p| p.ready && p.deleting.is_none())
+                .count(),
+            master_pod_deleting: m
+                .pods
+                .iter()
+                .find(|p| p.deleting.is_some() && (p.addr == master || p.addr == self.master))
+                .map(|p| p.pod.clone()),
+            error: m.error.clone(),
+        }
+    }
 }
 
 impl GroupView {
@@ -340,6 +382,7 @@ impl GroupView {
             last_failover: None,
             instances: Vec::new(),
             peers: peers.iter().map(|e| PeerView::of(e, now)).collect(),
+            members: cfg.members.as_ref().map(|_| MembersView::default()),
             discovery: Vec::new(),
             recorded: Vec::new(),
         }
@@ -501,6 +544,7 @@ impl Group {
             last_failover: self.last_failover.clone(),
             instances,
             peers,
+            members: self.cfg.members.as_ref().map(|_| self.members_view()),
             discovery: self.discovery.status(),
             recorded: self.recorders.iter().flat_map(|r| r.history()).collect(),
         };

@@ -40,6 +40,9 @@ pub struct Member {
 pub struct Members {
     /// Every such pod.
     pub pods: Vec<Member>,
+    /// Why the last LIST or WATCH failed, until one works again: the pods
+    /// are then as last seen (a Role without `watch` shows here).
+    pub error: Option<String>,
 }
 
 impl Members {
@@ -131,6 +134,7 @@ impl PodWatch {
                 }
                 Err(e) => {
                     tracing::warn!(group = %self.group, error = %e, "listing the group's pods failed; retrying");
+                    report_error(tx, Some(e.to_string()));
                     backoff = pause(backoff).await;
                     continue;
                 }
@@ -145,6 +149,7 @@ impl PodWatch {
                 }
                 Ended::Failed(e) => {
                     tracing::warn!(group = %self.group, error = %e, "the pod watch failed; listing again");
+                    report_error(tx, Some(e.to_string()));
                     backoff = pause(backoff).await;
                 }
             }
@@ -169,6 +174,7 @@ impl PodWatch {
                 Err(Ended::Failed(e)) if !e.is_transient() => return Ended::Failed(e),
                 Err(Ended::Failed(e)) => {
                     tracing::debug!(group = %self.group, error = %e, "the pod watch was cut off; watching again");
+                    report_error(tx, Some(e.to_string()));
                     backoff = pause(backoff).await;
                 }
             }
@@ -228,12 +234,14 @@ impl PodWatch {
         }
     }
 
+    /// Report the pods as they are now (a list or an event worked: no error).
     fn report(&self, tx: &watch::Sender<Option<Arc<Members>>>, pods: &BTreeMap<String, Value>) {
         let members = Members {
             pods: pods
                 .values()
                 .filter_map(|p| member_of(p, &self.port))
                 .collect(),
+            error: None,
         };
         tx.send_if_modified(|cur| {
             if cur.as_deref() == Some(&members) {
@@ -243,6 +251,21 @@ impl PodWatch {
             true
         });
     }
+}
+
+/// Report why the list or watch failed, keeping the pods as last seen
+/// (nothing is reported before the first list: there are no pods to keep).
+fn report_error(tx: &watch::Sender<Option<Arc<Members>>>, error: Option<String>) {
+    tx.send_if_modified(|cur| match cur {
+        Some(m) if m.error != error => {
+            *cur = Some(Arc::new(Members {
+                pods: m.pods.clone(),
+                error: error.clone(),
+            }));
+            true
+        }
+        _ => false,
+    });
 }
 
 enum Ended {
