@@ -13,9 +13,7 @@ use common::*;
 const GROUP: &str = "cache";
 
 fn listed(node: &PicketNode, addr: SocketAddr) -> bool {
-    node.group(GROUP)["instances"]
-        .as_array()
-        .is_some_and(|a| a.iter().any(|i| i["addr"] == addr.to_string()))
+    node.instance_addrs(GROUP).contains(&addr.to_string())
 }
 
 fn has_series(node: &PicketNode, addr: SocketAddr) -> bool {

@@ -337,14 +337,7 @@ service = "cache"
 }
 
 fn instances(node: &PicketNode) -> Vec<String> {
-    node.group(GROUP)["instances"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|i| i["addr"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+    node.instance_addrs(GROUP)
 }
 
 fn replicas_listed(node: &PicketNode) -> String {

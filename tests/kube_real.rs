@@ -607,14 +607,7 @@ fn role_of(s: &RedisServer) -> Option<String> {
 }
 
 fn instances(node: &PicketNode) -> Vec<String> {
-    node.group(GROUP)["instances"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|i| i["addr"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
+    node.instance_addrs(GROUP)
 }
 
 fn ms(d: Duration) -> f64 {

@@ -1343,6 +1343,19 @@ impl PicketNode {
             .unwrap_or(serde_json::Value::Null)
     }
 
+    /// The addresses of the instances of `group` in `/v1/status` (empty
+    /// when unreachable).
+    pub fn instance_addrs(&self, group: &str) -> Vec<String> {
+        self.group(group)["instances"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|i| i["addr"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The `/metrics` text.
     pub fn metrics(&self) -> Result<String, String> {
         match http_get(self.http, "/metrics")? {
