@@ -113,8 +113,7 @@ impl Group {
         let master = topology.master.clone();
         self.config_persisting = true;
         self.epoch_publication = Some((topology.reporter, topology.old_master.clone()));
-        self.published_replicas = self.linked_replicas();
-        self.published_replicas.sort();
+        self.published_replicas = self.linked_replicas().cloned().collect();
         // The leader writes first; a daemon that learnt the outcome from a
         // peer publishes after a pause per rank, and then normally finds
         // the objects already showing the epoch and writes nothing (three
@@ -213,11 +212,7 @@ impl Group {
             // Only replicas linked to the master: a lone empty master (a
             // rescheduled pod) or a dead replica must never be published
             // or labelled as a replica.
-            replicas: self
-                .linked_replicas()
-                .iter()
-                .map(|a| self.wire(a))
-                .collect(),
+            replicas: self.linked_replicas().map(|a| self.wire(a)).collect(),
             reporter,
         }
     }
@@ -237,11 +232,11 @@ impl Group {
             return;
         }
         let now = Instant::now();
-        let mut replicas = self.linked_replicas();
-        replicas.sort();
         let republish = self.published_epoch == Some(self.config_epoch);
         if republish {
-            if replicas == self.published_replicas {
+            // Called at every INFO of the group: compared in place, not
+            // collected.
+            if self.linked_replicas().eq(self.published_replicas.iter()) {
                 self.republish_due = None;
                 return;
             }
@@ -261,7 +256,7 @@ impl Group {
         }
         self.republish_due = None;
         self.published_epoch = Some(self.config_epoch);
-        self.published_replicas = replicas;
+        self.published_replicas = self.linked_replicas().cloned().collect();
         // A re-publication says what the epoch's first one said, with the
         // replicas of now.
         let (reporter, old) = match (&self.epoch_publication, republish) {

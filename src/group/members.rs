@@ -200,15 +200,16 @@ impl Group {
     /// its fresh INFO, or, when it hides the list or is not fresh, whose
     /// own fresh INFO follows it with the link up. Only these are
     /// published (a replica Service must not send reads to an empty lone
-    /// master or a replica still loading).
-    pub(super) fn linked_replicas(&self) -> Vec<Addr> {
+    /// master or a replica still loading). In address order (the
+    /// instances' map order), so that two sets compare without sorting.
+    pub(super) fn linked_replicas(&self) -> impl Iterator<Item = &Addr> {
         let master = &self.master;
         let listed = super::observe::master_list(&self.instances, master);
         let master_ip = self.ip_of(master);
         self.instances
             .values()
             .filter(|i| i.addr != *master)
-            .filter(|i| match listed {
+            .filter(move |i| match listed {
                 Some(rs) => i.listed_online(rs),
                 None => {
                     i.fresh()
@@ -223,8 +224,7 @@ impl Group {
                         })
                 }
             })
-            .map(|i| i.addr.clone())
-            .collect()
+            .map(|i| &i.addr)
     }
 }
 
