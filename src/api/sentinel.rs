@@ -515,6 +515,8 @@ mod tests {
             up: true,
             sdown: false,
             sdown_ms: None,
+            sdown_reason: None,
+            rebooted_ms: None,
             connected: true,
             last_ok_ping_ms: 12,
             last_reply_ms: Some(12),

@@ -137,6 +137,25 @@ impl Group {
         (f(&mut self.election, &o), tilt)
     }
 
+    /// A peer's hello says it sees the master down while the quorum is not
+    /// reached yet: ask the peers now, not at the next ask period. A dead
+    /// process is seen by every daemon within milliseconds of each other,
+    /// and the first to see it asked before the others did.
+    pub(super) fn on_peer_sdown_hellos(&mut self, now: Instant) {
+        if self.failover.is_some() || self.election.odown_since().is_some() || !self.master_sdown()
+        {
+            return;
+        }
+        let reported = self.peer_rx.borrow().iter().any(|e| {
+            e.group(&self.cfg.name)
+                .is_some_and(|g| g.sdown && g.master == self.master)
+        });
+        if reported {
+            self.election.master_went_down();
+            self.step_election(now, |e, o| e.tick(o));
+        }
+    }
+
     pub(super) fn run_election_actions(&mut self, now: Instant, actions: Vec<Action>) {
         for a in actions {
             match a {
