@@ -5,10 +5,16 @@
 //! (a clean restart with its data, a stall shorter than `down_after`, a
 //! server at `maxclients`).
 //!
+//! Dragonfly through its stub, which answers as a real one does after a
+//! restart (a new `master_replid`, its uptime from 0, no keys) and whose
+//! replicas take a full copy of a restarted master a second later.
+//!
 //! The tests of this file run one at a time (they share two cores with the
 //! daemons they start), and every wait is bounded.
 
 mod common;
+#[path = "support/dragonfly_stub.rs"]
+mod dragonfly_stub;
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
@@ -337,5 +343,59 @@ fn a_stall_shorter_than_down_after_and_a_full_server_are_no_failover() {
     for n in &s.cluster.nodes {
         assert_eq!(n.master_addr(GROUP), Some(master), "{}", n.logs());
         assert_eq!(n.count_event("+odown"), 0, "{}", n.logs());
+    }
+}
+
+#[test]
+fn a_dragonfly_master_restarted_empty_never_wipes_its_replicas() {
+    let _serial = serial();
+    for after in [
+        Duration::from_millis(100),
+        Duration::from_millis(400),
+        Duration::from_secs(2),
+    ] {
+        let world = dragonfly_stub::StubWorld::new();
+        let master = world.start_master(&next_loopback_ip());
+        let replicas: Vec<dragonfly_stub::DragonflyStub> = (0..2)
+            .map(|_| world.start_replica(&next_loopback_ip(), master.addr()))
+            .collect();
+        master.load(KEYS);
+        let cluster = ClusterPlan::new(3).start(&format!(
+            "[[group]]\nname = \"{GROUP}\"\nmaster = \"{}\"\nquorum = 2\n\
+             down_after = \"1s\"\nfailover_timeout = \"5s\"\n",
+            master.addr()
+        ));
+        cluster.wait_converged(&[0, 1, 2], GROUP, 3, Duration::from_secs(20));
+        let old = master.addr();
+        master.kill();
+        let killed = Instant::now();
+        std::thread::sleep(after);
+        master.restart_empty_master();
+        let (new_master, _) =
+            cluster.wait_agreed_new_master(GROUP, &[0, 1, 2], old, FAILOVER_BOUND);
+        println!(
+            "Dragonfly stub restarted empty after {after:?}: new master {new_master} agreed {:?} after the kill",
+            killed.elapsed()
+        );
+        wait_for(
+            "the restarted server demoted under the new master",
+            Duration::from_secs(20),
+            || master.master() == Some(new_master),
+        );
+        let promoted = replicas
+            .iter()
+            .find(|r| r.addr() == new_master)
+            .expect("a replica was promoted");
+        let kept = promoted.dbsize();
+        assert!(
+            kept as f64 >= 0.99 * KEYS as f64,
+            "the new master holds {kept} of {KEYS} keys\n{}",
+            cluster.logs()
+        );
+        // Past the replicas' own resync: nobody dropped its data since.
+        std::thread::sleep(Duration::from_millis(1200));
+        for r in replicas.iter().chain([&master]) {
+            assert_eq!(r.dbsize(), kept, "{}", r.addr());
+        }
     }
 }
