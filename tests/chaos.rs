@@ -1606,7 +1606,7 @@ fn run_chaos(mode: Mode) {
     eprintln!(
         "chaos: seed={seed} faults={} checks={} violations={} mode={} epochs={} \
          switchovers={} switchover_writes_checked={} acked_writes={acked} lagging_files={} flush_checks={} slice_epoch={:?} \
-         partitions={} partition_acked_lost={:?}",
+         partitions={} partition_acked_lost={:?} empty_restarts={}",
         shared.faults.load(Ordering::SeqCst),
         shared.checks.load(Ordering::SeqCst),
         violations.len(),
@@ -1623,6 +1623,7 @@ fn run_chaos(mode: Mode) {
             .iter()
             .map(|(len, acked, lost)| format!("{:.1}s:{lost}/{acked}", len.as_secs_f64()))
             .collect::<Vec<_>>(),
+        chaos.restarts,
     );
     if !violations.is_empty() {
         let log = lock(&shared.events).join("\n");

@@ -212,7 +212,10 @@ fn a_killed_replica_is_sdown_once_refused_a_frozen_one_after_down_after() {
     println!("SDOWN {took:?} after SIGSTOP (down_after 1s)");
     // The last reply came at most one probe period (250 ms) before the
     // stop, so SDOWN cannot be seen earlier than ~0.75 s after it.
-    assert!(took >= Duration::from_millis(700), "SDOWN after only {took:?}");
+    assert!(
+        took >= Duration::from_millis(700),
+        "SDOWN after only {took:?}"
+    );
     assert_eq!(instance(n, frozen)["sdown_reason"], "silence");
     wait_for("the frozen replica back up", Duration::from_secs(5), || {
         instance(n, frozen)["sdown"] == false
@@ -223,7 +226,10 @@ fn a_killed_replica_is_sdown_once_refused_a_frozen_one_after_down_after() {
     topo.replicas[0].kill9();
     let took = sdown_after(addr, Instant::now());
     println!("SDOWN {took:?} after kill -9 (down_after 1s, down_after_refused 100ms)");
-    assert!(took >= Duration::from_millis(90), "SDOWN after only {took:?}");
+    assert!(
+        took >= Duration::from_millis(90),
+        "SDOWN after only {took:?}"
+    );
     assert!(
         took < Duration::from_millis(700),
         "SDOWN after {took:?}: the refusals were not used\n{}",

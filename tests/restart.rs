@@ -399,3 +399,104 @@ fn a_dragonfly_master_restarted_empty_never_wipes_its_replicas() {
         }
     }
 }
+
+/// `tc` on this test's own `lo` (in its own network namespace): every
+/// packet from or to `ip` is lost with `loss` and delayed by `delay` ±
+/// `jitter`; removed on drop.
+struct LossyLink;
+
+impl LossyLink {
+    fn tc(args: &[&str]) {
+        let out = std::process::Command::new("tc")
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("tc {args:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "tc {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn start(ip: &str, loss: &str, delay: &str, jitter: &str) -> LossyLink {
+        Self::tc(&["qdisc", "add", "dev", "lo", "root", "handle", "1:", "prio"]);
+        Self::tc(&[
+            "qdisc", "add", "dev", "lo", "parent", "1:3", "handle", "30:", "netem", "loss", loss,
+            "delay", delay, jitter,
+        ]);
+        for dir in ["src", "dst"] {
+            Self::tc(&[
+                "filter",
+                "add",
+                "dev",
+                "lo",
+                "protocol",
+                "ip",
+                "parent",
+                "1:0",
+                "prio",
+                "3",
+                "u32",
+                "match",
+                "ip",
+                dir,
+                &format!("{ip}/32"),
+                "flowid",
+                "1:3",
+            ]);
+        }
+        LossyLink
+    }
+}
+
+impl Drop for LossyLink {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tc")
+            .args(["qdisc", "del", "dev", "lo", "root"])
+            .output();
+    }
+}
+
+#[test]
+fn a_lossy_jittery_link_to_the_master_is_no_failover() {
+    let _serial = serial();
+    // Its own network namespace: the loss is on this test's `lo` only.
+    // The test thread runs it all (tc, the servers and the daemons
+    // inherit the namespace).
+    if let Err(e) = enter_own_netns() {
+        panic!("this test needs a network namespace of its own (run as root): {e}");
+    }
+    let secs: u64 = std::env::var("PICKET_LOSSY_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let s = setup(&[], &[], "");
+    let master = s.topo.master.addr();
+    let _link = LossyLink::start(&master.ip().to_string(), "20%", "50ms", "50ms");
+    let start = Instant::now();
+    let mut sdowns = 0;
+    while start.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_secs(1));
+        for n in &s.cluster.nodes {
+            assert_eq!(
+                n.count_event("+odown"),
+                0,
+                "ODOWN after {:?} of 20 % loss\n{}",
+                start.elapsed(),
+                n.logs()
+            );
+        }
+        sdowns = s
+            .cluster
+            .nodes
+            .iter()
+            .map(|n| n.count_event("+sdown"))
+            .sum::<usize>();
+    }
+    println!(
+        "{secs} s of 20 % loss and 50 ± 50 ms on the master's link: {sdowns} +sdown, no +odown"
+    );
+    for n in &s.cluster.nodes {
+        assert_eq!(n.master_addr(GROUP), Some(master), "{}", n.logs());
+    }
+}

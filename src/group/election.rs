@@ -29,6 +29,10 @@ pub(super) struct ReplicaSet<'a> {
     master: &'a Addr,
     limits: SelectionLimits,
     now: Instant,
+    /// The replication id of the master when it is down for having
+    /// restarted with less than its replicas: a replica in that history
+    /// took a copy of it.
+    restarted_history: Option<&'a String>,
 }
 
 impl<'a> ReplicaSet<'a> {
@@ -43,17 +47,27 @@ impl<'a> ReplicaSet<'a> {
             .and_then(|i| i.sdown.down_since())
             .map(|t| now.saturating_duration_since(t))
             .unwrap_or_default();
+        let restarted_history = instances
+            .get(master)
+            .filter(|m| m.sdown.rebooted())
+            .and_then(|m| m.info.as_ref())
+            .and_then(|i| i.replid.as_ref());
         ReplicaSet {
             instances,
             master,
             limits: SelectionLimits::new(cfg.ping_period(), cfg.down_after, master_down_for),
             now,
+            restarted_history,
         }
     }
 
     fn candidate(&self, i: &Instance) -> Candidate {
         let info = i.info.as_ref();
         Candidate {
+            copied_restarted_master: self
+                .restarted_history
+                .as_ref()
+                .is_some_and(|h| info.and_then(|x| x.replid.as_ref()) == Some(h)),
             addr: i.addr.clone(),
             sdown: i.sdown.is_down(),
             connected: i.connected,

@@ -732,6 +732,12 @@ impl Group {
         };
         inst.reboot_unjudged = false;
         let t = inst.sdown.set_rebooted(true, now);
+        // A replica that reconnected to it before it was paused is taking
+        // (or took) its copy: read them all now, so that selection sees
+        // which (`Exclusion::CopiedRestartedMaster`).
+        for r in self.replica_addrs() {
+            self.refresh_info(&r);
+        }
         tracing::warn!(group = %self.cfg.name, master = %addr, reason = %why, "the master restarted with less than its replicas hold: it is down for this daemon");
         if flavour != crate::probe::Flavour::Dragonfly {
             // Dragonfly pauses only client connections, not replication
@@ -742,11 +748,11 @@ impl Group {
             let target = addr.clone();
             let pause = reboot_pause(self.cfg.down_after);
             // A paused server answers nobody, the other daemons' probes
-            // included: they are given the time of two reconnects to read
+            // included: they are given the time of one reconnect to read
             // its INFO and judge it on their own evidence, or they would
             // see only silence and fail it over only after down_after.
             // Replicas reconnect far less often (Redis: once a second).
-            let delay = reconnect_fast(self.cfg.down_after_refused) * 2 + Duration::from_millis(10);
+            let delay = reconnect_fast(self.cfg.down_after_refused) + Duration::from_millis(5);
             self.effects.spawn(async move {
                 tokio::time::sleep(delay).await;
                 match ops.pause_all(&target, pause).await {
