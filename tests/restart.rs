@@ -563,3 +563,42 @@ fn a_master_whose_packets_are_dropped_is_failed_over_after_down_after() {
         "{reasons:?}"
     );
 }
+
+#[test]
+fn with_flush_on_failover_a_master_restarted_empty_stays_and_its_replicas_follow_it() {
+    let _serial = serial();
+    let args = ["--repl-diskless-sync", "no"];
+    // The reboot path alone (refusals count as silence), with a group that
+    // wants an empty master after a failure anyway.
+    let mut s = setup(
+        &args,
+        &args,
+        "down_after_refused = \"1s\"\nflush_on_failover = true\n",
+    );
+    fill(&s.topo, &s.cluster);
+    let master = s.topo.master.addr();
+    s.topo.master.kill9();
+    std::thread::sleep(Duration::from_millis(100));
+    s.topo.master.restart();
+    let back = Instant::now();
+    // The replicas resynchronise from it: empty, as a flush would leave them.
+    for r in &s.topo.replicas {
+        wait_for("the replica empty again", Duration::from_secs(20), || {
+            replica_linked_to(r, master) && dbsize(r) == Some(0)
+        });
+    }
+    for n in &s.cluster.nodes {
+        wait_for(
+            &format!("{} to see the restart", n.id),
+            Duration::from_secs(10),
+            || n.count_event("+reboot") >= 1,
+        );
+    }
+    while back.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for n in &s.cluster.nodes {
+        assert_eq!(n.master_addr(GROUP), Some(master), "{}", n.logs());
+        assert_eq!(n.count_event("+odown"), 0, "{}", n.logs());
+    }
+}
