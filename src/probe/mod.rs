@@ -491,10 +491,20 @@ async fn ping_round(
         tokio::select! {
             r = &mut main => (r, None),
             _ = &mut late => {
-                let hedge = Box::pin(hedge_ping(s, s.ping_timeout.saturating_sub(start.elapsed())));
-                tokio::select! {
-                    r = &mut main => (r, None),
-                    Some((conn, r)) = hedge => (r, Some(conn)),
+                // New connections until one answers or the PING's time is
+                // up: a lost SYN-ACK alone costs a connection a second.
+                let deadline = start + s.ping_timeout;
+                loop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let hedge = Box::pin(hedge_ping(s, left));
+                    tokio::select! {
+                        r = &mut main => break (r, None),
+                        h = hedge => match h {
+                            Some((conn, r)) => break (r, Some(conn)),
+                            None if Instant::now() < deadline => {}
+                            None => break ((&mut main).await, None),
+                        },
+                    }
                 }
             }
         }
@@ -550,12 +560,19 @@ async fn hedge_ping(
     Connection,
     Result<redis_protocol::resp2::types::BytesFrame, RespError>,
 )> {
+    let started = Instant::now();
     let attempt = async {
         let mut c = Connection::connect(&s.server, &s.client).await.ok()?;
         let r = c.call(["PING"]).await;
         sdown::is_valid_ping_reply(&r).then_some((c, r))
     };
-    tokio::time::timeout(within, attempt).await.ok().flatten()
+    let got = tokio::time::timeout(within, attempt).await.ok().flatten();
+    if got.is_none() {
+        // A refusal fails at once: the next try is not made sooner than a
+        // quick reconnect would be.
+        tokio::time::sleep_until(started + s.reconnect_fast).await;
+    }
+    got
 }
 
 /// One INFO (all sections picket reads). Returns Ok(false) when the
@@ -594,14 +611,20 @@ async fn info_round(
                 // As for a late PING: a fresh connection's PING proves the
                 // server alive while the reply is on its way (or lost and
                 // being sent again); the reply is still waited for.
-                let hedge = Box::pin(hedge_ping(s, s.ping_timeout));
-                tokio::select! {
-                    r = &mut main => r,
-                    h = hedge => {
-                        if h.is_some() {
-                            ctl.last_valid.store(stamp(Instant::now()), Ordering::Relaxed);
-                        }
-                        main.await
+                let deadline = start + s.ping_timeout.max(s.client.command_timeout);
+                loop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let hedge = Box::pin(hedge_ping(s, left));
+                    tokio::select! {
+                        r = &mut main => break r,
+                        h = hedge => match h {
+                            Some(_) => {
+                                ctl.last_valid.store(stamp(Instant::now()), Ordering::Relaxed);
+                                break main.await;
+                            }
+                            None if Instant::now() < deadline => {}
+                            None => break main.await,
+                        },
                     }
                 }
             }
