@@ -478,37 +478,16 @@ async fn ping_round(
     reported_ok: &mut bool,
 ) -> Result<bool, RespError> {
     let start = Instant::now();
-    // A reply later than a PING period is raced by a PING on a fresh
-    // connection (boxed: made only then): on a lossy link one lost segment
-    // stalls this connection for the retransmission timeouts (200, 400,
-    // 800 ms ...), while another connection's packets get through. The
-    // connection that answers first is kept.
-    let (reply, fresh) = {
-        let main = c.call_timeout(["PING"], s.ping_timeout);
-        tokio::pin!(main);
-        let late = tokio::time::sleep(s.ping_period);
-        tokio::pin!(late);
-        tokio::select! {
-            r = &mut main => (r, None),
-            _ = &mut late => {
-                // New connections until one answers or the PING's time is
-                // up: a lost SYN-ACK alone costs a connection a second.
-                let deadline = start + s.ping_timeout;
-                loop {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let hedge = Box::pin(hedge_ping(s, left));
-                    tokio::select! {
-                        r = &mut main => break (r, None),
-                        h = hedge => match h {
-                            Some((conn, r)) => break (r, Some(conn)),
-                            None if Instant::now() < deadline => {}
-                            None => break ((&mut main).await, None),
-                        },
-                    }
-                }
-            }
-        }
-    };
+    // The connection that answers first is kept (see `race_late`).
+    // The reply is awaited for twice `ping_timeout`: new connections prove
+    // the server alive meanwhile, and under loss a connection given up
+    // costs more (a new handshake) than one waited for.
+    let patience = s.ping_timeout * 2;
+    let (reply, fresh) =
+        match race_late(s, c.call_timeout(["PING"], patience), start + patience).await {
+            Raced::Own(r) => (r, None),
+            Raced::Fresh(conn, r) => (r, Some(conn)),
+        };
     if let Some(f) = fresh {
         // The old connection still owes a reply: it goes.
         *c = f;
@@ -548,6 +527,52 @@ async fn ping_round(
     match fatal {
         Some(e) if e.is_fatal_to_connection() => Err(reply.err().unwrap_or(RespError::Closed)),
         _ => Ok(true),
+    }
+}
+
+/// Which answered first in [`race_late`].
+enum Raced<T> {
+    /// The request on the probe's own connection.
+    Own(T),
+    /// A PING on a new connection, validly answered.
+    Fresh(
+        Connection,
+        Result<redis_protocol::resp2::types::BytesFrame, RespError>,
+    ),
+}
+
+/// Await `own`, a request on the probe's connection; once it is later than
+/// a probe period, race it with PINGs on new connections, one more every
+/// probe period until `until`, each given until then. On a lossy link one
+/// lost segment holds a connection for TCP's retransmission timeouts (200,
+/// 400, 800 ms ...) and a lost SYN-ACK a new one for a second, while the
+/// packets of other connections get through: the server is not silent.
+/// The new connections (boxed, made only then) cost nothing while replies
+/// come in time.
+async fn race_late<F: std::future::Future>(
+    s: &ProbeSettings,
+    own: F,
+    until: Instant,
+) -> Raced<F::Output> {
+    use futures::StreamExt;
+    tokio::pin!(own);
+    let mut hedges = futures::stream::FuturesUnordered::new();
+    let mut next = Instant::now() + s.ping_period;
+    loop {
+        let more = next < until;
+        tokio::select! {
+            r = &mut own => return Raced::Own(r),
+            _ = tokio::time::sleep_until(next), if more => {
+                let left = until.saturating_duration_since(Instant::now());
+                hedges.push(Box::pin(hedge_ping(s, left)));
+                next += s.ping_period;
+            }
+            Some(h) = hedges.next(), if !hedges.is_empty() => {
+                if let Some((c, r)) = h {
+                    return Raced::Fresh(c, r);
+                }
+            }
+        }
     }
 }
 
@@ -603,30 +628,15 @@ async fn info_round(
             }
         };
         tokio::pin!(main);
-        let late = tokio::time::sleep(s.ping_period);
-        tokio::pin!(late);
-        tokio::select! {
-            r = &mut main => r,
-            _ = &mut late => {
-                // As for a late PING: a fresh connection's PING proves the
-                // server alive while the reply is on its way (or lost and
+        let until = start + s.ping_timeout.max(s.client.command_timeout);
+        match race_late(s, &mut main, until).await {
+            Raced::Own(r) => r,
+            Raced::Fresh(..) => {
+                // Proof of life while the reply is on its way (or lost and
                 // being sent again); the reply is still waited for.
-                let deadline = start + s.ping_timeout.max(s.client.command_timeout);
-                loop {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    let hedge = Box::pin(hedge_ping(s, left));
-                    tokio::select! {
-                        r = &mut main => break r,
-                        h = hedge => match h {
-                            Some(_) => {
-                                ctl.last_valid.store(stamp(Instant::now()), Ordering::Relaxed);
-                                break main.await;
-                            }
-                            None if Instant::now() < deadline => {}
-                            None => break main.await,
-                        },
-                    }
-                }
+                ctl.last_valid
+                    .store(stamp(Instant::now()), Ordering::Relaxed);
+                main.await
             }
         }
     };
