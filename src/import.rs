@@ -699,6 +699,11 @@ pub struct PlanOptions {
     pub auth_pass: BTreeMap<String, String>,
     /// Masters' ACL user, for a live import.
     pub auth_user: Option<String>,
+    /// Listen on every address (`0.0.0.0:port`) and announce the
+    /// Sentinel's address, for Sentinels behind NAT (`announce-ip` that is
+    /// not a local address); by default each daemon listens on the address
+    /// its Sentinel is known by.
+    pub bind_any: bool,
 }
 
 /// One daemon to write.
@@ -966,9 +971,10 @@ impl Plan {
         let _ = writeln!(t, "[daemon]");
         let _ = writeln!(t, "id = {}", toml_str(&d.id));
         // The Sentinel's address: clients and the other daemons keep
-        // using it. Behind an announce-ip, listen on every address.
-        let (listen, announce) = match (&g.announce_ip, d.addr.host.parse::<std::net::IpAddr>()) {
-            (None, Ok(_)) => (d.addr.to_string(), None),
+        // using it. Behind NAT (or by name), listen on every address.
+        let (listen, announce) = match (self.opts.bind_any, d.addr.host.parse::<std::net::IpAddr>())
+        {
+            (false, Ok(_)) => (d.addr.to_string(), None),
             _ => (
                 format!("0.0.0.0:{}", g.port.unwrap_or(d.addr.port)),
                 Some(d.addr.to_string()),

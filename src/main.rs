@@ -100,6 +100,11 @@ struct ImportArgs {
     /// `http_listen` of the daemon replacing one Sentinel (repeatable).
     #[arg(long, value_name = "SENTINEL=IP:PORT")]
     http_listen: Vec<String>,
+    /// Listen on 0.0.0.0 and announce the Sentinel's address (Sentinels
+    /// behind NAT, with an `announce-ip` that is not local); by default
+    /// each daemon listens on the address its Sentinel is known by.
+    #[arg(long)]
+    bind_any: bool,
     /// `data_dir` of every daemon (`{id}` is replaced by its id); the
     /// starting state is written there. Default: `<out>/<id>/data`.
     #[arg(long)]
@@ -396,6 +401,7 @@ async fn import(a: ImportArgs) -> anyhow::Result<ExitCode> {
         http_port: a.http_port,
         data_dir: a.data_dir.clone(),
         auth_user: a.auth_user.clone(),
+        bind_any: a.bind_any,
         ..Default::default()
     };
     for h in &a.http_listen {

@@ -1,0 +1,370 @@
+//! `picket import` against a live deployment of three real `redis-sentinel`
+//! processes monitoring two groups (one of them already failed over once
+//! by the Sentinels, so that its config epoch is 1): the import writes
+//! three configurations that `check-config` accepts, the Sentinels are
+//! stopped and picket started with what was written (the cut-over, timed),
+//! and a `kill -9` of each master is then failed over by picket. The same
+//! deployment's `sentinel.conf` files, imported after the Sentinels
+//! stopped, give the same groups and epochs.
+
+mod common;
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use tempfile::TempDir;
+
+/// A real `redis-sentinel`, stopped by PID when dropped.
+struct Sentinel {
+    addr: SocketAddr,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl Sentinel {
+    fn start(groups: &[(&str, SocketAddr)]) -> Sentinel {
+        let ip = next_loopback_ip();
+        let port = free_port(&ip);
+        let dir = tempfile::Builder::new()
+            .prefix("picket-import-sentinel-")
+            .tempdir()
+            .unwrap();
+        let mut conf = format!(
+            "bind {ip}\nport {port}\ndir {}\nlogfile {}\nsentinel announce-ip {ip}\n",
+            dir.path().display(),
+            dir.path().join("sentinel.log").display()
+        );
+        for (name, m) in groups {
+            conf.push_str(&format!(
+                "sentinel monitor {name} {} {} 2\nsentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 10000\nsentinel parallel-syncs {name} 1\n",
+                m.ip(),
+                m.port()
+            ));
+        }
+        let path = dir.path().join("sentinel.conf");
+        fs::write(&path, conf).unwrap();
+        let child = Command::new("redis-sentinel")
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("spawn redis-sentinel (apt-get install redis-sentinel): {e}")
+            });
+        let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
+        wait_for("redis-sentinel answers PING", READY_TIMEOUT, || {
+            redis_cmd(addr, &["PING"]).is_ok()
+        });
+        Sentinel {
+            addr,
+            dir,
+            child: Some(child),
+        }
+    }
+
+    fn conf(&self) -> PathBuf {
+        self.dir.path().join("sentinel.conf")
+    }
+
+    /// SIGTERM, then wait (bounded) for the exit.
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn master_of(&self, group: &str) -> Option<SocketAddr> {
+        match redis_cmd(self.addr, &["SENTINEL", "get-master-addr-by-name", group]) {
+            Ok(Reply::Array(v)) if v.len() == 2 => format!("{}:{}", v[0].as_str()?, v[1].as_str()?)
+                .parse()
+                .ok(),
+            _ => None,
+        }
+    }
+
+    fn count(&self, sub: &str, group: &str) -> usize {
+        match redis_cmd(self.addr, &["SENTINEL", sub, group]) {
+            Ok(Reply::Array(v)) => v.len(),
+            _ => 0,
+        }
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn picket(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_picket"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn configs(out: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("picket.toml"))
+        .filter(|p| p.exists())
+        .collect();
+    v.sort();
+    v
+}
+
+/// The `[[group]]` lines that must agree between two imports: name,
+/// master, quorum and timings (paths and comments aside).
+fn group_lines(toml: &str) -> Vec<String> {
+    toml.lines()
+        .skip_while(|l| !l.starts_with("[[group]]"))
+        .filter(|l| {
+            [
+                "name",
+                "master",
+                "quorum",
+                "down_after",
+                "failover_timeout",
+                "parallel_syncs",
+            ]
+            .iter()
+            .any(|k| l.starts_with(k))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
+    let mut a = Topology::master_with_replicas(2);
+    let mut b = Topology::master_with_replicas(2);
+    let groups = [("alpha", a.master.addr()), ("beta", b.master.addr())];
+    let mut sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(&groups)).collect();
+    // The Sentinels find each other (hello channel) and the replicas.
+    for s in &sentinels {
+        for (g, _) in &groups {
+            wait_for(
+                &format!(
+                    "Sentinel {} to know 2 Sentinels and 2 replicas of {g}",
+                    s.addr
+                ),
+                Duration::from_secs(30),
+                || s.count("sentinels", g) == 2 && s.count("replicas", g) == 2,
+            );
+        }
+    }
+    // One planned failover by the Sentinels: alpha's config epoch is 1 and
+    // its master is one of the former replicas.
+    let old_alpha = a.master.addr();
+    assert!(
+        redis_cmd(sentinels[0].addr, &["SENTINEL", "FAILOVER", "alpha"])
+            .unwrap()
+            .is_ok()
+    );
+    wait_for(
+        "every Sentinel to name alpha's new master",
+        Duration::from_secs(30),
+        || {
+            let m = sentinels[0].master_of("alpha");
+            m.is_some_and(|m| m != old_alpha) && sentinels.iter().all(|s| s.master_of("alpha") == m)
+        },
+    );
+    let alpha_master = sentinels[0].master_of("alpha").unwrap();
+    // The old master is told to follow the new one and is listed again.
+    wait_for(
+        "alpha's old master to replicate the new one",
+        Duration::from_secs(30),
+        || {
+            replica_linked_to(&a.master, alpha_master)
+                && sentinels.iter().all(|s| s.count("replicas", "alpha") == 2)
+        },
+    );
+
+    // Import, live, from one Sentinel: the other two are found through it.
+    let out = tempfile::Builder::new()
+        .prefix("picket-import-")
+        .tempdir()
+        .unwrap();
+    let http: Vec<SocketAddr> = sentinels
+        .iter()
+        .map(|s| {
+            let ip = s.addr.ip().to_string();
+            format!("{ip}:{}", free_port(&ip)).parse().unwrap()
+        })
+        .collect();
+    let mut args = vec![
+        "import".to_string(),
+        "--from-sentinel".into(),
+        sentinels[0].addr.to_string(),
+        "--out".into(),
+        out.path().display().to_string(),
+    ];
+    for (s, h) in sentinels.iter().zip(&http) {
+        args.push("--http-listen".into());
+        args.push(format!("{}={h}", s.addr));
+    }
+    let cutover_start = Instant::now();
+    let (ok, stdout, stderr) = picket(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let import_took = cutover_start.elapsed();
+    assert!(ok, "picket import failed\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("3 daemon(s), 2 group(s), current epoch 1"),
+        "{stdout}\n{stderr}"
+    );
+    // What the live API cannot carry is said, with the way around it.
+    assert!(
+        stderr.contains("not carried over") && stderr.contains("--auth-pass-file"),
+        "{stderr}"
+    );
+    let paths = configs(out.path());
+    assert_eq!(paths.len(), 3, "{stdout}");
+    for p in &paths {
+        let (ok, summary, err) = picket(&["check-config", "--config", &p.display().to_string()]);
+        assert!(ok, "check-config {p:?}: {summary}{err}");
+        let toml = fs::read_to_string(p).unwrap();
+        assert!(
+            toml.contains(&format!("master = \"{alpha_master}\"")),
+            "alpha's current master is carried over\n{toml}"
+        );
+        assert!(
+            toml.contains("down_after = \"1s\"") && toml.contains("failover_timeout = \"10s\""),
+            "{toml}"
+        );
+    }
+
+    // Cut-over: stop every Sentinel, start picket where they were.
+    let stop_start = Instant::now();
+    for s in sentinels.iter_mut() {
+        s.stop();
+    }
+    let resp: Vec<SocketAddr> = sentinels.iter().map(|s| s.addr).collect();
+    let ids: Vec<String> = resp
+        .iter()
+        .map(|a| format!("sentinel-{}-{}", a.ip(), a.port()))
+        .collect();
+    let nodes: Vec<PicketNode> = (0..3)
+        .map(|i| {
+            let text = fs::read_to_string(out.path().join(&ids[i]).join("picket.toml")).unwrap();
+            PicketNode {
+                id: ids[i].clone(),
+                resp: resp[i],
+                http: http[i],
+                process: PicketProcess::start_with(|_| text, &[], &[("RUST_LOG", "info")]),
+            }
+        })
+        .collect();
+    let cluster = PicketCluster { nodes };
+    for n in &cluster.nodes {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !n.is_ready() {
+            assert!(
+                n.process.pid().is_some() && Instant::now() < deadline,
+                "{} not ready within 20 s\n{}",
+                n.id,
+                n.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    cluster.wait_converged(&[0, 1, 2], "alpha", 3, Duration::from_secs(20));
+    cluster.wait_converged(&[0, 1, 2], "beta", 3, Duration::from_secs(20));
+    let unprotected = stop_start.elapsed();
+    for n in &cluster.nodes {
+        let g = n.group("alpha");
+        assert_eq!(g["master"], alpha_master.to_string(), "{}: {g}", n.id);
+        assert_eq!(g["config_epoch"], 1, "{}: the imported epoch: {g}", n.id);
+        assert_eq!(n.group("beta")["master"], b.master.addr().to_string());
+        // The Sentinel's run id is kept (clients know a Sentinel by it).
+        let myid = n.cmd(&["SENTINEL", "MYID"]).unwrap();
+        assert_eq!(myid.as_str().map(str::len), Some(40), "{myid:?}");
+    }
+    eprintln!(
+        "FIGURE import: {import_took:?}; cut-over (first Sentinel stopped -> three picket daemons ready and converged on both groups): {unprotected:?}"
+    );
+
+    // The sentinel.conf files Sentinel rewrote give the same groups.
+    let out2 = tempfile::Builder::new()
+        .prefix("picket-import-conf-")
+        .tempdir()
+        .unwrap();
+    let mut args2 = vec!["import".to_string()];
+    args2.extend(sentinels.iter().map(|s| s.conf().display().to_string()));
+    args2.extend(["--out".into(), out2.path().display().to_string()]);
+    for (s, h) in sentinels.iter().zip(&http) {
+        args2.push("--http-listen".into());
+        args2.push(format!("{}={h}", s.addr));
+    }
+    let (ok, stdout2, stderr2) = picket(&args2.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "import from files: {stdout2}\n{stderr2}");
+    assert!(
+        stderr2.contains("logfile"),
+        "skipped settings are listed: {stderr2}"
+    );
+    let (p1, p2) = (configs(out.path()), configs(out2.path()));
+    assert_eq!(p1.len(), p2.len());
+    for (x, y) in p1.iter().zip(&p2) {
+        let (tx, ty) = (
+            fs::read_to_string(x).unwrap(),
+            fs::read_to_string(y).unwrap(),
+        );
+        assert_eq!(group_lines(&tx), group_lines(&ty), "{x:?} vs {y:?}");
+        let (ok, s, e) = picket(&["check-config", "--config", &y.display().to_string()]);
+        assert!(ok, "{s}{e}");
+    }
+
+    // picket fails both groups over.
+    let old_beta = b.master.addr();
+    let alpha_server = if a.master.addr() == alpha_master {
+        &mut a.master
+    } else {
+        a.replicas
+            .iter_mut()
+            .find(|r| r.addr() == alpha_master)
+            .expect("alpha's master is one of its servers")
+    };
+    alpha_server.kill9();
+    b.master.kill9();
+    let (new_alpha, ea) =
+        cluster.wait_agreed_new_master("alpha", &[0, 1, 2], alpha_master, Duration::from_secs(30));
+    let (new_beta, eb) =
+        cluster.wait_agreed_new_master("beta", &[0, 1, 2], old_beta, Duration::from_secs(30));
+    assert!(
+        ea > 1 && eb > 1,
+        "epochs above the imported ones: {ea} {eb}"
+    );
+    wait_for(
+        "the new masters to take writes",
+        Duration::from_secs(10),
+        || {
+            [new_alpha, new_beta]
+                .iter()
+                .all(|m| redis_cmd(*m, &["SET", "after", "1"]).is_ok_and(|r| r.is_ok()))
+        },
+    );
+}
