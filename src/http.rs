@@ -118,6 +118,9 @@ pub struct LbFacts {
     pub config_epoch: u64,
     /// What the group is doing.
     pub status: crate::group::view::GroupStatus,
+    /// The failover under way (if any) has published its candidate as
+    /// the master already and is only re-pointing the replicas.
+    pub failover_published: bool,
     /// The role the master reports in its last INFO.
     pub master_role: crate::probe::Role,
     /// Daemons heard from recently, this one included.
@@ -150,6 +153,10 @@ impl LbFacts {
             master: announced,
             config_epoch: v.config_epoch,
             status: v.status,
+            failover_published: v
+                .failover
+                .as_ref()
+                .is_some_and(|f| f.candidate.as_ref() == Some(&v.master)),
             master_role: v
                 .master_view()
                 .map_or(crate::probe::Role::Unknown, |m| m.role),
@@ -184,8 +191,10 @@ pub fn lb_verdict(f: &LbFacts) -> LbVerdict {
         S::Sdown | S::Odown => {
             return no(format!("down: {} is down for this daemon", f.master));
         }
-        S::Failover => return no(format!("failover: {} is being replaced", f.master)),
-        S::Ok => {}
+        S::Failover if !f.failover_published => {
+            return no(format!("failover: {} is being replaced", f.master));
+        }
+        S::Failover | S::Ok => {}
     }
     let majority = f.daemons / 2 + 1;
     if f.heard < majority {
@@ -399,6 +408,7 @@ mod tests {
             master: "10.0.0.5:6379".into(),
             config_epoch: 7,
             status: GroupStatus::Ok,
+            failover_published: false,
             master_role: Role::Master,
             heard: 3,
             daemons: 3,
@@ -423,6 +433,16 @@ mod tests {
         assert_eq!(
             keyword(&LbFacts {
                 heard: 2,
+                ..healthy()
+            })
+            .0,
+            200
+        );
+        // Published, the replicas being re-pointed: the new master is it.
+        assert_eq!(
+            keyword(&LbFacts {
+                status: GroupStatus::Failover,
+                failover_published: true,
                 ..healthy()
             })
             .0,
