@@ -923,7 +923,7 @@ fn toml_str(s: &str) -> String {
 }
 
 fn ms_duration(ms: u64) -> String {
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
@@ -1088,7 +1088,7 @@ impl Plan {
                 let list: Vec<String> = m.replicas.iter().map(ToString::to_string).collect();
                 let _ = writeln!(
                     t,
-                    "# Replicas Sentinel knew (picket finds them in the master's INFO): {}",
+                    "# Replicas Sentinel knew (in data_dir's state, probed from the start): {}",
                     list.join(", ")
                 );
             }
@@ -1143,6 +1143,12 @@ impl Plan {
                             .then(|| crate::addr::Addr::new(a.host.clone(), a.port)),
                         vote_epoch: 0,
                         voted_for: None,
+                        known_replicas: m
+                            .replicas
+                            .iter()
+                            .filter(|r| *r != a)
+                            .map(|r| crate::addr::Addr::new(r.host.clone(), r.port))
+                            .collect(),
                     },
                 ))
             })
@@ -1379,6 +1385,7 @@ sentinel current-epoch 5
         let (epoch, groups) = p.state_records();
         assert_eq!(epoch, 5);
         assert_eq!(groups["cache"].config_epoch, 4);
+        assert_eq!(groups["cache"].known_replicas.len(), 2);
         assert_eq!(
             groups["cache"].master.as_ref().unwrap().to_string(),
             "10.1.0.6:6379"
