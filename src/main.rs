@@ -231,37 +231,55 @@ enum PortKind {
 }
 
 /// Ask `addr` one harmless line and tell HTTP from RESP by the first bytes
-/// of the answer (`HTTP/1.1 ...` or `+`/`-`/`:`): a plaintext listener
-/// only; behind TLS the answer is a TLS alert, and the port is Unknown.
-async fn sniff(addr: &str) -> PortKind {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let probe = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+/// of the answer (`HTTP/1.1 ...` or `+`/`-`/`:`), over TLS when the
+/// command was given TLS options. A port that answers neither (a TLS
+/// listener that wants a client certificate, nothing listening) is
+/// Unknown, and the command goes on as asked.
+async fn sniff(addr: &str, tls: &TlsArgs) -> anyhow::Result<PortKind> {
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    async fn ask<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> Option<Vec<u8>> {
         // A valid HTTP request, and an inline command (an unknown one) to
         // a RESP server.
         s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").await.ok()?;
         let mut buf = [0u8; 8];
         let n = s.read(&mut buf).await.ok()?;
         Some(buf[..n].to_vec())
-    };
-    match tokio::time::timeout(std::time::Duration::from_secs(2), probe).await {
-        Ok(Some(b)) if b.starts_with(b"HTTP/") => PortKind::Http,
-        Ok(Some(b)) if matches!(b.first(), Some(b'+' | b'-' | b':' | b'$' | b'*')) => {
-            PortKind::Resp
-        }
-        _ => PortKind::Unknown,
     }
+    let config = tls.client_config()?;
+    let probe = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+        match config {
+            None => ask(tcp).await,
+            Some(cfg) => {
+                let host = tls.sni.clone().unwrap_or_else(|| {
+                    addr.rsplit_once(':')
+                        .map_or(addr, |(h, _)| h)
+                        .trim_matches(['[', ']'])
+                        .to_string()
+                });
+                let name = rustls_pki_types::ServerName::try_from(host).ok()?;
+                let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+                    .connect(name, tcp)
+                    .await
+                    .ok()?;
+                ask(stream).await
+            }
+        }
+    };
+    Ok(
+        match tokio::time::timeout(std::time::Duration::from_secs(2), probe).await {
+            Ok(Some(b)) if b.starts_with(b"HTTP/") => PortKind::Http,
+            Ok(Some(b)) if matches!(b.first(), Some(b'+' | b'-' | b':' | b'$' | b'*')) => {
+                PortKind::Resp
+            }
+            _ => PortKind::Unknown,
+        },
+    )
 }
 
-async fn status(addr: &str, json: bool, tls: &TlsArgs) -> anyhow::Result<ExitCode> {
+/// GET `path` from a daemon's HTTP listener (HTTPS with TLS options).
+async fn http_get(addr: &str, path: &str, tls: &TlsArgs) -> anyhow::Result<String> {
     picket::tls::install_crypto_provider();
-    if tls.client_config()?.is_none() && sniff(addr).await == PortKind::Resp {
-        anyhow::bail!(
-            "{addr} is picket's RESP port (`listen`): `picket status` reads /v1/status on its \
-             HTTP port (`http_listen`, 9479 by default), which the RESP port cannot serve; \
-             give --addr HOST:HTTP_PORT"
-        );
-    }
     let mut builder = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(5))
         .no_proxy();
@@ -269,25 +287,37 @@ async fn status(addr: &str, json: bool, tls: &TlsArgs) -> anyhow::Result<ExitCod
         Some(cfg) => {
             builder = builder.use_preconfigured_tls(cfg);
             match (&tls.sni, addr.rsplit_once(':')) {
-                (Some(name), Some((_, port))) => format!("https://{name}:{port}/v1/status"),
-                _ => format!("https://{addr}/v1/status"),
+                (Some(name), Some((_, port))) => format!("https://{name}:{port}{path}"),
+                _ => format!("https://{addr}{path}"),
             }
         }
-        None => format!("http://{addr}/v1/status"),
+        None => format!("http://{addr}{path}"),
     };
     if let (Some(name), Ok(sock)) = (&tls.sni, addr.parse::<std::net::SocketAddr>()) {
         // --sni: verify that name, still connecting to --addr.
         builder = builder.resolve(name, sock);
     }
     let client = builder.build()?;
-    let body = client
+    Ok(client
         .get(&url)
         .send()
         .await
         .with_context(|| format!("cannot reach {url}"))?
         .error_for_status()?
         .text()
-        .await?;
+        .await?)
+}
+
+async fn status(addr: &str, json: bool, tls: &TlsArgs) -> anyhow::Result<ExitCode> {
+    picket::tls::install_crypto_provider();
+    if sniff(addr, tls).await? == PortKind::Resp {
+        anyhow::bail!(
+            "{addr} is a RESP port (picket's `listen`): `picket status` reads /v1/status on \
+             picket's HTTP port (`http_listen`, 9479 by default), which a RESP port cannot \
+             serve; give --addr HOST:HTTP_PORT"
+        );
+    }
+    let body = http_get(addr, "/v1/status", tls).await?;
     if json {
         println!("{body}");
         return Ok(ExitCode::SUCCESS);
@@ -322,8 +352,9 @@ async fn failover(
         ..Default::default()
     };
     // Given the HTTP port, find the RESP one in /v1/status (`announce`).
-    let resp_addr = if tls.client_config()?.is_none() && sniff(addr).await == PortKind::Http {
-        let announce = resp_addr_from_http(addr).await.with_context(|| {
+    picket::tls::install_crypto_provider();
+    let resp_addr = if sniff(addr, tls).await? == PortKind::Http {
+        let announce = resp_addr_from_http(addr, tls).await.with_context(|| {
             format!(
                 "{addr} is picket's HTTP port (`http_listen`); `picket failover` needs its RESP \
                  port (`listen`, 26379 by default), and /v1/status did not say which it is"
@@ -355,19 +386,8 @@ async fn failover(
 }
 
 /// The RESP address a daemon announces, from its /v1/status.
-async fn resp_addr_from_http(addr: &str) -> anyhow::Result<String> {
-    picket::tls::install_crypto_provider();
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(5))
-        .no_proxy()
-        .build()?;
-    let v: serde_json::Value = client
-        .get(format!("http://{addr}/v1/status"))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
+async fn resp_addr_from_http(addr: &str, tls: &TlsArgs) -> anyhow::Result<String> {
+    let v: serde_json::Value = serde_json::from_str(&http_get(addr, "/v1/status", tls).await?)?;
     v["announce"]
         .as_str()
         .map(str::to_string)
