@@ -403,7 +403,9 @@ fn parse_sentinel_line(
             "picket always resolves host names (at each reconnect); nothing to set",
         ),
         ("sentinel-user", [u]) => s.sentinel_user = Some((*u).to_string()),
-        ("sentinel-pass", [p]) => s.sentinel_pass = Some((*p).to_string()),
+        // Sentinel rewrites its passwords unquoted: a password with blanks
+        // comes back as several arguments.
+        ("sentinel-pass", p) if !p.is_empty() => s.sentinel_pass = Some(p.join(" ")),
         ("deny-scripts-reconfig", [_]) => s.skip(
             whole,
             "picket's configuration is changed only by editing the file and SIGHUP, never at run time",
@@ -436,7 +438,9 @@ fn parse_sentinel_line(
                 .map_err(|_| err("parallel-syncs is too large".into()))?;
             s.master_mut(name, line)?.parallel_syncs = Some(v);
         }
-        ("auth-pass", [name, p]) => s.master_mut(name, line)?.auth_pass = Some((*p).to_string()),
+        ("auth-pass", [name, p @ ..]) if !p.is_empty() => {
+            s.master_mut(name, line)?.auth_pass = Some(p.join(" "));
+        }
         ("auth-user", [name, u]) => s.master_mut(name, line)?.auth_user = Some((*u).to_string()),
         ("config-epoch", [name, e]) => {
             let e = num(e, "config-epoch")?;
@@ -1169,22 +1173,25 @@ impl Plan {
         for d in &self.daemons {
             let dir = out.join(&d.id);
             let files = self.files(d, &dir);
-            // Check before writing anything of this daemon.
             let cfg_path = dir.join("picket.toml");
-            let cfg = crate::config::load_str(&cfg_path, &files[0].content).map_err(|e| {
-                ImportError::Plan(format!(
-                    "the configuration written for {} would not be accepted:\n{e}",
-                    d.id
-                ))
-            })?;
             for f in &files {
                 write_file(&dir.join(&f.rel), &f.content, f.secret)?;
             }
+            // Loaded as check-config loads it (the secret files exist now);
+            // a configuration it would refuse is not left behind.
+            let cfg = match crate::config::load(&cfg_path) {
+                Ok(c) => c,
+                Err(e) => {
+                    for f in &files {
+                        let _ = std::fs::remove_file(dir.join(&f.rel));
+                    }
+                    return Err(ImportError::Plan(format!(
+                        "the configuration written for {} would not be accepted:\n{e}",
+                        d.id
+                    )));
+                }
+            };
             self.seed_state(d, &cfg.daemon.data_dir).await?;
-            // And as check-config reads it (the secret files now exist).
-            crate::config::load(&cfg_path).map_err(|e| {
-                ImportError::Plan(format!("{}: not accepted:\n{e}", cfg_path.display()))
-            })?;
             written.push(cfg_path);
         }
         Ok(written)
@@ -1419,6 +1426,16 @@ sentinel current-epoch 5
                 .contains("cannot tell this Sentinel's address"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_password_sentinel_rewrote_unquoted_is_whole() {
+        let s = parse_conf(
+            "x.conf",
+            "sentinel monitor a 10.1.0.1 6379 1\nsentinel auth-pass a data secret\n",
+        )
+        .unwrap();
+        assert_eq!(s.masters[0].auth_pass.as_deref(), Some("data secret"));
     }
 
     #[test]

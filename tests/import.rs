@@ -13,12 +13,18 @@ mod common;
 
 use std::fs;
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use tempfile::TempDir;
+
+/// The Sentinels' `requirepass` (and so the daemons' `password_file`).
+const SENTINEL_PW: &str = "sentinel-secret";
+/// The data servers' password (`auth-pass`).
+const DATA_PW: &str = "data secret";
 
 /// A real `redis-sentinel`, stopped by PID when dropped.
 struct Sentinel {
@@ -36,14 +42,16 @@ impl Sentinel {
             .tempdir()
             .unwrap();
         let mut conf = format!(
-            "bind {ip}\nport {port}\ndir {}\nlogfile {}\nsentinel announce-ip {ip}\n",
+            "bind {ip}\nport {port}\ndir {}\nlogfile {}\nsentinel announce-ip {ip}\n\
+             requirepass {SENTINEL_PW}\n",
             dir.path().display(),
             dir.path().join("sentinel.log").display()
         );
         for (name, m) in groups {
             conf.push_str(&format!(
                 "sentinel monitor {name} {} {} 2\nsentinel down-after-milliseconds {name} 1000\n\
-                 sentinel failover-timeout {name} 10000\nsentinel parallel-syncs {name} 1\n",
+                 sentinel failover-timeout {name} 10000\nsentinel parallel-syncs {name} 1\n\
+                 sentinel auth-pass {name} \"{DATA_PW}\"\n",
                 m.ip(),
                 m.port()
             ));
@@ -61,7 +69,8 @@ impl Sentinel {
             });
         let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
         wait_for("redis-sentinel answers PING", READY_TIMEOUT, || {
-            redis_cmd(addr, &["PING"]).is_ok()
+            redis_cmd_auth(addr, Some(SENTINEL_PW), &["PING"])
+                .is_ok_and(|r| matches!(r, Reply::Status(ref s) if s == "PONG"))
         });
         Sentinel {
             addr,
@@ -94,7 +103,11 @@ impl Sentinel {
     }
 
     fn master_of(&self, group: &str) -> Option<SocketAddr> {
-        match redis_cmd(self.addr, &["SENTINEL", "get-master-addr-by-name", group]) {
+        match redis_cmd_auth(
+            self.addr,
+            Some(SENTINEL_PW),
+            &["SENTINEL", "get-master-addr-by-name", group],
+        ) {
             Ok(Reply::Array(v)) if v.len() == 2 => format!("{}:{}", v[0].as_str()?, v[1].as_str()?)
                 .parse()
                 .ok(),
@@ -103,7 +116,7 @@ impl Sentinel {
     }
 
     fn count(&self, sub: &str, group: &str) -> usize {
-        match redis_cmd(self.addr, &["SENTINEL", sub, group]) {
+        match redis_cmd_auth(self.addr, Some(SENTINEL_PW), &["SENTINEL", sub, group]) {
             Ok(Reply::Array(v)) => v.len(),
             _ => 0,
         }
@@ -164,8 +177,8 @@ fn group_lines(toml: &str) -> Vec<String> {
 
 #[test]
 fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
-    let mut a = Topology::master_with_replicas(2);
-    let mut b = Topology::master_with_replicas(2);
+    let mut a = Topology::master_with_replicas_opts(2, RedisOpts::default().password(DATA_PW));
+    let mut b = Topology::master_with_replicas_opts(2, RedisOpts::default().password(DATA_PW));
     let groups = [("alpha", a.master.addr()), ("beta", b.master.addr())];
     let mut sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(&groups)).collect();
     // The Sentinels find each other (hello channel) and the replicas.
@@ -185,9 +198,13 @@ fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
     // its master is one of the former replicas.
     let old_alpha = a.master.addr();
     assert!(
-        redis_cmd(sentinels[0].addr, &["SENTINEL", "FAILOVER", "alpha"])
-            .unwrap()
-            .is_ok()
+        redis_cmd_auth(
+            sentinels[0].addr,
+            Some(SENTINEL_PW),
+            &["SENTINEL", "FAILOVER", "alpha"]
+        )
+        .unwrap()
+        .is_ok()
     );
     wait_for(
         "every Sentinel to name alpha's new master",
@@ -208,11 +225,20 @@ fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
         },
     );
 
-    // Import, live, from one Sentinel: the other two are found through it.
+    // Import, live, from one Sentinel: the other two are found through it;
+    // its password, and the masters' (which a live Sentinel hides), are
+    // given in files.
     let out = tempfile::Builder::new()
         .prefix("picket-import-")
         .tempdir()
         .unwrap();
+    let secrets = tempfile::Builder::new()
+        .prefix("picket-import-pw-")
+        .tempdir()
+        .unwrap();
+    let (sentinel_pw, data_pw) = (secrets.path().join("sentinel"), secrets.path().join("data"));
+    fs::write(&sentinel_pw, format!("{SENTINEL_PW}\n")).unwrap();
+    fs::write(&data_pw, DATA_PW).unwrap();
     let http: Vec<SocketAddr> = sentinels
         .iter()
         .map(|s| {
@@ -226,6 +252,10 @@ fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
         sentinels[0].addr.to_string(),
         "--out".into(),
         out.path().display().to_string(),
+        "--password-file".into(),
+        sentinel_pw.display().to_string(),
+        "--auth-pass-file".into(),
+        data_pw.display().to_string(),
     ];
     for (s, h) in sentinels.iter().zip(&http) {
         args.push("--http-listen".into());
@@ -258,6 +288,18 @@ fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
             toml.contains("down_after = \"1s\"") && toml.contains("failover_timeout = \"10s\""),
             "{toml}"
         );
+        // The secrets: files of mode 0600 holding the passwords.
+        let dir = p.parent().unwrap();
+        for (file, want) in [("password", SENTINEL_PW), ("alpha.password", DATA_PW)] {
+            let f = dir.join("secrets").join(file);
+            let mode = fs::metadata(&f).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{f:?}");
+            assert_eq!(fs::read_to_string(&f).unwrap().trim_end(), want, "{f:?}");
+            assert!(
+                toml.contains(&f.display().to_string()),
+                "{f:?} named\n{toml}"
+            );
+        }
     }
 
     // Cut-over: stop every Sentinel, start picket where they were. beta's
@@ -305,8 +347,11 @@ fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
         let g = n.group("alpha");
         assert_eq!(g["master"], alpha_master.to_string(), "{}: {g}", n.id);
         assert_eq!(g["config_epoch"], 1, "{}: the imported epoch: {g}", n.id);
-        // The Sentinel's run id is kept (clients know a Sentinel by it).
-        let myid = n.cmd(&["SENTINEL", "MYID"]).unwrap();
+        // The Sentinel's password, and its run id (clients know a
+        // Sentinel by it), are kept.
+        let mut c = RespConn::connect(n.resp, CMD_TIMEOUT).unwrap();
+        c.auth(SENTINEL_PW).unwrap();
+        let myid = c.cmd(&["SENTINEL", "MYID"]).unwrap();
         assert_eq!(myid.as_str().map(str::len), Some(40), "{myid:?}");
     }
     eprintln!(
@@ -341,6 +386,10 @@ fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
         assert_eq!(group_lines(&tx), group_lines(&ty), "{x:?} vs {y:?}");
         let (ok, s, e) = picket(&["check-config", "--config", &y.display().to_string()]);
         assert!(ok, "{s}{e}");
+        // The files carry the passwords themselves (Sentinel rewrote
+        // auth-pass unquoted, blank included).
+        let secret = y.parent().unwrap().join("secrets").join("beta.password");
+        assert_eq!(fs::read_to_string(&secret).unwrap().trim_end(), DATA_PW);
     }
 
     // beta's master died during the cut-over: failed over from the
@@ -371,9 +420,9 @@ fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
         "the new masters to take writes",
         Duration::from_secs(10),
         || {
-            [new_alpha, new_beta]
-                .iter()
-                .all(|m| redis_cmd(*m, &["SET", "after", "1"]).is_ok_and(|r| r.is_ok()))
+            [new_alpha, new_beta].iter().all(|m| {
+                redis_cmd_auth(*m, Some(DATA_PW), &["SET", "after", "1"]).is_ok_and(|r| r.is_ok())
+            })
         },
     );
 }
