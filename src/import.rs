@@ -175,6 +175,8 @@ pub struct Source {
     pub masters: Vec<Master>,
     /// Settings not carried over.
     pub skipped: Vec<Skipped>,
+    /// Read from a live Sentinel (which does not reveal `auth-pass`).
+    pub live: bool,
 }
 
 impl Source {
@@ -581,6 +583,7 @@ pub async fn live_source(addr: &str, opts: &LiveOptions) -> Result<Source, Impor
         }),
         port: Some(own.port),
         requirepass: opts.password.clone().filter(|_| opts.user.is_none()),
+        live: true,
         ..Source::default()
     };
     let myid = c
@@ -668,10 +671,6 @@ pub async fn live_source(addr: &str, opts: &LiveOptions) -> Result<Source, Impor
                 );
             }
         }
-        s.skip(
-            format!("sentinel auth-pass/auth-user {name}"),
-            "a live Sentinel does not reveal them: give --auth-pass-file (and --auth-user), or import from sentinel.conf",
-        );
         s.skip(
             format!("sentinel notification-script/client-reconfig-script {name}"),
             "a live Sentinel does not reveal them: import from sentinel.conf to carry a client-reconfig-script over",
@@ -888,6 +887,13 @@ pub fn plan(sources: Vec<Source>, opts: PlanOptions) -> Result<Plan, ImportError
         }
         if m.auth_user.is_none() {
             m.auth_user = opts.auth_user.clone();
+        }
+        if m.auth_pass.is_none() && sources.iter().any(|s| s.live) {
+            skipped.push(Skipped {
+                source: first.name.clone(),
+                setting: format!("sentinel auth-pass/auth-user {}", m.name),
+                why: "a live Sentinel does not reveal them: if the servers need a password, give --auth-pass-file (and --auth-user), or import from sentinel.conf".into(),
+            });
         }
         if m.auth_user.is_some() && m.auth_pass.is_none() {
             return Err(ImportError::Plan(format!(

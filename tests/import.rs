@@ -271,7 +271,9 @@ fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
     );
     // What the live API cannot carry is said, with the way around it.
     assert!(
-        stderr.contains("not carried over") && stderr.contains("--auth-pass-file"),
+        stderr.contains("not carried over")
+            && stderr.contains("client-reconfig-script")
+            && !stderr.contains("--auth-pass-file"),
         "{stderr}"
     );
     let paths = configs(out.path());
