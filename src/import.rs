@@ -966,10 +966,7 @@ impl Plan {
             });
             dir.join("secrets").join(name).display().to_string()
         };
-        let data_dir = match &self.opts.data_dir {
-            Some(t) => t.replace("{id}", &d.id),
-            None => dir.join("data").display().to_string(),
-        };
+        let data_dir = self.data_dir(d, dir).display().to_string();
         let mut t = String::new();
         let _ = writeln!(
             t,
@@ -1133,6 +1130,14 @@ impl Plan {
         files
     }
 
+    /// Daemon `d`'s `data_dir`, its own directory being `dir`.
+    fn data_dir(&self, d: &DaemonPlan, dir: &Path) -> PathBuf {
+        match &self.opts.data_dir {
+            Some(t) => PathBuf::from(t.replace("{id}", &d.id)),
+            None => dir.join("data"),
+        }
+    }
+
     fn sources_label(&self) -> String {
         self.global.name.clone()
     }
@@ -1175,6 +1180,15 @@ impl Plan {
             path: out.to_path_buf(),
             reason: e.to_string(),
         })?;
+        // Nothing is written while any daemon's state would be refused.
+        for d in &self.daemons {
+            let state = self
+                .data_dir(d, &out.join(&d.id))
+                .join(crate::quorum::state::STATE_FILE);
+            if state.exists() {
+                return Err(state_exists(state));
+            }
+        }
         let mut written = Vec::new();
         for d in &self.daemons {
             let dir = out.join(&d.id);
@@ -1206,10 +1220,7 @@ impl Plan {
     async fn seed_state(&self, d: &DaemonPlan, data_dir: &Path) -> Result<(), ImportError> {
         let state_file = data_dir.join(crate::quorum::state::STATE_FILE);
         if state_file.exists() {
-            return Err(ImportError::Write {
-                path: state_file,
-                reason: "a state file exists already: this daemon has run; refusing to overwrite its votes (remove it deliberately to import again)".into(),
-            });
+            return Err(state_exists(state_file));
         }
         let store = StateStore::open(data_dir, Some(&d.id)).map_err(|e| ImportError::Write {
             path: data_dir.to_path_buf(),
@@ -1230,6 +1241,13 @@ impl Plan {
                 path: state_file,
                 reason: e.to_string(),
             })
+    }
+}
+
+fn state_exists(path: PathBuf) -> ImportError {
+    ImportError::Write {
+        path,
+        reason: "a state file exists already: this daemon has run; refusing to overwrite its votes (remove it deliberately to import again)".into(),
     }
 }
 
@@ -1432,6 +1450,68 @@ sentinel current-epoch 5
                 .contains("cannot tell this Sentinel's address"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn tls_and_peer_credentials_are_carried_over() {
+        let conf = "port 0\ntls-port 26379\nbind 10.0.0.1\n\
+                    tls-cert-file /etc/redis/s.crt\ntls-key-file /etc/redis/s.key\n\
+                    tls-ca-cert-file /etc/redis/ca.crt\ntls-auth-clients optional\n\
+                    tls-replication yes\nrequirepass clients\n\
+                    sentinel sentinel-user peers\nsentinel sentinel-pass peerpw\n\
+                    sentinel monitor a 10.1.0.1 6379 1\n\
+                    sentinel client-reconfig-script a /usr/local/bin/reconf.sh\n";
+        let p = plan(
+            vec![parse_conf("x.conf", conf).unwrap()],
+            PlanOptions {
+                http_port: 9479,
+                ..PlanOptions::default()
+            },
+        )
+        .unwrap();
+        let files = p.files(&p.daemons[0], Path::new("/etc/picket"));
+        let toml = &files[0].content;
+        for want in [
+            "listen = \"10.0.0.1:26379\"",
+            "[daemon.tls]",
+            "cert_file = \"/etc/redis/s.crt\"",
+            "ca_file = \"/etc/redis/ca.crt\"",
+            "auth_clients = \"optional\"",
+            "peers = true",
+            "peer_user = \"peers\"",
+            "[[daemon.user]]\nname = \"peers\"\nrole = \"peer\"",
+            "[group.tls]",
+            "command = [\"/usr/local/bin/reconf.sh\"]",
+        ] {
+            assert!(toml.contains(want), "{want:?} in\n{toml}");
+        }
+        assert!(
+            !toml.contains("plaintext_listen"),
+            "port 0: no plaintext listener\n{toml}"
+        );
+        let secrets: Vec<(&str, &str)> = files
+            .iter()
+            .filter(|f| f.secret)
+            .map(|f| (f.rel.as_str(), f.content.as_str()))
+            .collect();
+        assert_eq!(
+            secrets,
+            [
+                ("secrets/password", "clients\n"),
+                ("secrets/peer-password", "peerpw\n")
+            ]
+        );
+        // Valid but for the files that do not exist on this machine.
+        let problems: Vec<String> = match crate::config::load_str(Path::new("x.toml"), toml) {
+            Ok(_) => Vec::new(),
+            Err(e) => e
+                .problems()
+                .iter()
+                .map(|p| format!("{}: {}", p.key, p.reason))
+                .filter(|p| !p.contains("does not exist"))
+                .collect(),
+        };
+        assert!(problems.is_empty(), "{problems:?}\n{toml}");
     }
 
     #[test]

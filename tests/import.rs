@@ -428,3 +428,84 @@ fn import_from_three_live_sentinels_then_picket_fails_over_both_groups() {
         },
     );
 }
+
+#[test]
+fn import_from_files_never_overwrites_and_names_what_it_skips() {
+    let dir = tempfile::Builder::new()
+        .prefix("picket-import-files-")
+        .tempdir()
+        .unwrap();
+    let conf = dir.path().join("sentinel.conf");
+    fs::write(
+        &conf,
+        "port 26379\nbind 10.0.0.1\ndaemonize yes\nsentinel myid 1111111111111111111111111111111111111111\n\
+         sentinel monitor cache 10.1.0.6 6379 2\nsentinel config-epoch cache 3\n\
+         sentinel known-replica cache 10.1.0.5 6379\n\
+         sentinel known-sentinel cache 10.0.0.2 26379 2222222222222222222222222222222222222222\n\
+         sentinel known-sentinel cache 10.0.0.3 26379 3333333333333333333333333333333333333333\n\
+         sentinel notification-script cache /bin/true\nsentinel current-epoch 3\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let data = dir.path().join("data-{id}");
+    let args = |out: &Path| {
+        vec![
+            "import".to_string(),
+            conf.display().to_string(),
+            "--out".into(),
+            out.display().to_string(),
+            "--data-dir".into(),
+            data.display().to_string(),
+        ]
+    };
+    let run = |a: Vec<String>| picket(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let (ok, stdout, stderr) = run(args(&out));
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("3 daemon(s), 1 group(s), current epoch 3"),
+        "{stdout}"
+    );
+    for skipped in ["daemonize yes", "notification-script"] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with("not carried over") && l.contains(skipped)),
+            "{skipped}: {stderr}"
+        );
+    }
+    // The starting state, where --data-dir said, as the daemon reads it.
+    let state: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(dir.path().join("data-sentinel-10.0.0.1-26379/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["current_epoch"], 3);
+    assert_eq!(state["run_id"], "1111111111111111111111111111111111111111");
+    assert_eq!(state["groups"]["cache"]["config_epoch"], 3);
+    assert_eq!(state["groups"]["cache"]["master"], "10.1.0.6:6379");
+    assert_eq!(
+        state["groups"]["cache"]["known_replicas"][0],
+        "10.1.0.5:6379"
+    );
+    for p in configs(&out) {
+        let (ok, s, e) = picket(&["check-config", "--config", &p.display().to_string()]);
+        assert!(ok, "{s}{e}");
+    }
+    // Again into the same directory: refused, nothing changed.
+    let before = fs::read_to_string(configs(&out)[0].clone()).unwrap();
+    let (ok, _, stderr) = run(args(&out));
+    assert!(!ok && stderr.contains("exists already"), "{stderr}");
+    assert_eq!(
+        fs::read_to_string(configs(&out)[0].clone()).unwrap(),
+        before
+    );
+    // Into a new directory but the same data_dir: the votes there are kept.
+    let (ok, _, stderr) = run(args(&dir.path().join("out2")));
+    assert!(
+        !ok && stderr.contains("a state file exists already"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("out2").exists(), "nothing written");
+    // No source at all: a usage error.
+    let (ok, _, stderr) = run(vec!["import".into(), "--out".into(), "x".into()]);
+    assert!(!ok && stderr.contains("--from-sentinel"), "{stderr}");
+}
