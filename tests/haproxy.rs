@@ -16,6 +16,9 @@
 //!
 //! The figures are printed (`FIGURE`); the assertions hold picket's check to
 //! its promises with bounds generous enough for a loaded machine.
+//!
+//! A second test has HAProxy check a TLS `http_listen` (`check-ssl`) and
+//! follow a planned switchover without losing a write.
 
 mod common;
 
@@ -400,5 +403,98 @@ fn writes_through_haproxy_follow_picket_across_a_kill_and_an_isolation() {
     assert!(
         after_pub_usual > after_pub_picket,
         "the tcp-check configuration lost {after_pub_usual}: the isolation did not reach HAProxy as intended"
+    );
+}
+
+/// HAProxy checking picket's answer on a TLS `http_listen`
+/// (`check-ssl verify required ca-file`, as docs/haproxy.md says): writes
+/// reach the master, and follow a switchover.
+#[test]
+fn haproxy_checks_a_tls_http_listen() {
+    use common::tls::{TestCa, Validity};
+    let topo = Topology::master_with_replicas(1);
+    let (m, r) = (topo.master.addr(), topo.replicas[0].addr());
+    let dir = tempfile::Builder::new()
+        .prefix("picket-haproxy-tls-")
+        .tempdir()
+        .unwrap();
+    let ca = TestCa::new("picket-test-ca");
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let ip = next_loopback_ip();
+    let resp: SocketAddr = format!("{ip}:{}", free_port(&ip)).parse().unwrap();
+    let mut https: SocketAddr = format!("{ip}:{}", free_port(&ip)).parse().unwrap();
+    while https == resp {
+        https = format!("{ip}:{}", free_port(&ip)).parse().unwrap();
+    }
+    let server = ca.issue_files(dir.path(), "server", &[&ip], Validity::Now);
+    let config = format!(
+        "[daemon]\nid = \"picket-tls-lb\"\nlisten = \"{resp}\"\nhttp_listen = \"{https}\"\n\
+         data_dir = \"{}\"\n\n[daemon.tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n\
+         ca_file = \"{}\"\nauth_clients = \"no\"\nhttp = true\n\n{}",
+        dir.path().join("data").display(),
+        server.cert.display(),
+        server.key.display(),
+        ca_file.display(),
+        group_toml(GROUP, m, 1, "")
+    );
+    let picket = PicketProcess::start_with(|_| config, &[], &[("RUST_LOG", "info")]);
+    let front_ip = next_loopback_ip();
+    let front: SocketAddr = format!("{front_ip}:{}", free_port(&front_ip))
+        .parse()
+        .unwrap();
+    let mut cfg = format!(
+        "global\n    log stderr format raw local0 notice\ndefaults\n    mode tcp\n    timeout connect 1s\n\
+         \x20   timeout client 1h\n    timeout server 1h\n    timeout check 500ms\n\
+         frontend write\n    bind {front}\n    default_backend master\n\
+         backend master\n    balance first\n    option httpchk\n\
+         \x20   http-check send meth GET uri-lf /v1/lb/{GROUP}/%[srv_name,field(2,_)] ver HTTP/1.1 hdr Host picket\n\
+         \x20   http-check expect status 200\n\
+         \x20   default-server inter 100ms fall 1 rise 1 on-marked-down shutdown-sessions check-ssl verify required ca-file {}\n",
+        ca_file.display()
+    );
+    for s in [m, r] {
+        cfg.push_str(&format!(
+            "    server p1_{s} {s} check addr {} port {}\n",
+            https.ip(),
+            https.port()
+        ));
+    }
+    let _haproxy = Haproxy::start(&cfg);
+    let w = PacedWriter::start(front, "t:");
+    wait_for(
+        "writes through HAProxy checking over TLS",
+        Duration::from_secs(20),
+        || w.acked().len() >= 20,
+    );
+    // A switchover: the writes follow it.
+    let out = Command::new(env!("CARGO_BIN_EXE_picket"))
+        .args([
+            "failover",
+            GROUP,
+            "--addr",
+            &resp.to_string(),
+            "--tls",
+            "--cacert",
+        ])
+        .arg(&ca_file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}\n{}", picket.logs());
+    let switched = Instant::now();
+    wait_for(
+        "writes after the switchover",
+        Duration::from_secs(20),
+        || w.acked().iter().filter(|(_, t)| *t > switched).count() >= 20,
+    );
+    let acked = w.finish();
+    assert_eq!(
+        lost(r, "t:", &acked, switched),
+        0,
+        "every write after the switchover is on the new master"
+    );
+    assert_eq!(
+        lost(r, "t:", &acked, acked[0].1),
+        0,
+        "and the ones before it"
     );
 }
