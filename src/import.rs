@@ -607,6 +607,9 @@ pub async fn live_source(addr: &str, opts: &LiveOptions) -> Result<Source, Impor
         if let Some(u) = cfg.get("sentinel-user").filter(|v| !v.is_empty()) {
             s.sentinel_user = Some(u.clone());
         }
+        if let Some(p) = cfg.get("sentinel-pass").filter(|v| !v.is_empty()) {
+            s.sentinel_pass = Some(p.clone());
+        }
         if let Some(v) = cfg.get("resolve-hostnames").filter(|v| *v == "yes") {
             s.skip(
                 format!("resolve-hostnames {v}"),
@@ -837,7 +840,9 @@ pub fn plan(sources: Vec<Source>, opts: PlanOptions) -> Result<Plan, ImportError
         let http_listen = match opts.http_listen.get(&addr.to_string()) {
             Some(h) => h.clone(),
             None => {
-                let ip = if addr.host.parse::<std::net::IpAddr>().is_ok() {
+                // Each daemon on its own host: on every address when the
+                // Sentinel's address may not be local (named, NAT).
+                let ip = if !opts.bind_any && addr.host.parse::<std::net::IpAddr>().is_ok() {
                     addr.host.clone()
                 } else {
                     "0.0.0.0".into()
@@ -849,7 +854,8 @@ pub fn plan(sources: Vec<Source>, opts: PlanOptions) -> Result<Plan, ImportError
                 .to_string()
             }
         };
-        if !https.insert(http_listen.clone()) {
+        let specific = !http_listen.starts_with("0.0.0.0:") && !http_listen.starts_with("[::]:");
+        if specific && !https.insert(http_listen.clone()) {
             return Err(ImportError::Plan(format!(
                 "two daemons would serve HTTP on {http_listen}: give each one its own with --http-listen {addr}=IP:PORT"
             )));
@@ -1507,6 +1513,29 @@ sentinel current-epoch 5
             ]
         );
         assert_valid_but_files(toml);
+    }
+
+    #[test]
+    fn behind_nat_every_daemon_listens_on_every_address() {
+        let s = parse_conf("s1.conf", S1).unwrap();
+        let p = plan(
+            vec![s],
+            PlanOptions {
+                http_port: 9479,
+                bind_any: true,
+                ..PlanOptions::default()
+            },
+        )
+        .unwrap();
+        for d in &p.daemons {
+            let toml = &p.files(d, Path::new("/etc/picket"))[0].content;
+            assert!(toml.contains("listen = \"0.0.0.0:26379\""), "{toml}");
+            assert!(
+                toml.contains(&format!("announce = \"{}\"", d.addr)),
+                "{toml}"
+            );
+            assert!(toml.contains("http_listen = \"0.0.0.0:9479\""), "{toml}");
+        }
     }
 
     #[test]
