@@ -199,6 +199,12 @@ pub struct GroupConfig {
     /// How long without a valid reply before this daemon sees an instance down.
     #[serde(with = "humantime_serde", default = "default_down_after")]
     pub down_after: Duration,
+    /// How long connections to an instance must be refused (its process
+    /// gone on a host that answers) before this daemon sees it down without
+    /// waiting for the rest of `down_after`. At most `down_after`; equal
+    /// to it, refusals count only as silence.
+    #[serde(with = "humantime_serde", default = "default_down_after_refused")]
+    pub down_after_refused: Duration,
     /// Deadline of a failover attempt; also the pause between two attempts.
     #[serde(with = "humantime_serde", default = "default_failover_timeout")]
     pub failover_timeout: Duration,
@@ -531,6 +537,9 @@ fn default_max_clients() -> usize {
 }
 fn default_down_after() -> Duration {
     Duration::from_secs(5)
+}
+fn default_down_after_refused() -> Duration {
+    Duration::from_millis(100)
 }
 fn default_failover_timeout() -> Duration {
     Duration::from_secs(60)
@@ -1530,6 +1539,16 @@ impl GroupConfig {
             );
         }
         v.positive(format!("{key}.down_after"), self.down_after);
+        v.positive(format!("{key}.down_after_refused"), self.down_after_refused);
+        if self.down_after_refused > self.down_after {
+            v.add(
+                format!("{key}.down_after_refused"),
+                format!(
+                    "must be at most down_after ({})",
+                    humantime::format_duration(self.down_after)
+                ),
+            );
+        }
         if self.failover_timeout <= self.down_after {
             v.add(
                 format!("{key}.failover_timeout"),

@@ -72,6 +72,9 @@ pub enum EventKind {
     FixSlaveConfig,
     /// `+slave`: a new replica was discovered.
     Slave,
+    /// `+reboot`: an instance restarted (a new `run_id`; on Dragonfly a
+    /// master's new replication id or its uptime going back).
+    Reboot,
     /// `+reset-master`: `SENTINEL RESET`.
     ResetMaster,
     /// `+script-kill` (picket's): `SCRIPT KILL` sent to an instance that
@@ -122,6 +125,7 @@ impl EventKind {
             EventKind::ConvertToSlave => "+convert-to-slave",
             EventKind::FixSlaveConfig => "+fix-slave-config",
             EventKind::Slave => "+slave",
+            EventKind::Reboot => "+reboot",
             EventKind::ResetMaster => "+reset-master",
             EventKind::ScriptKill => "+script-kill",
             EventKind::IsolationFence => "+isolation-fence",

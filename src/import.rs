@@ -478,7 +478,7 @@ fn parse_sentinel_line(
         ("master-reboot-down-after-period", [_, v]) if *v == "0" => {}
         ("master-reboot-down-after-period", [_, _]) => s.skip(
             whole,
-            "picket treats a master that restarted as any other: a restart shorter than down_after is not a failure",
+            "picket has no such period: a restarted master is judged against what its replicas hold (a restart with less data is failed over, see configuration.md), and a dead process is down after down_after_refused",
         ),
         ("rename-command", [_, _, _]) => s.skip(
             whole,

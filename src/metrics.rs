@@ -30,6 +30,14 @@ pub const CONFIG_EPOCH: &str = "picket_group_config_epoch";
 pub const CURRENT_EPOCH: &str = "picket_current_epoch";
 /// Gauge `{group}`: 1 while the master is SDOWN for this daemon.
 pub const MASTER_SDOWN: &str = "picket_group_master_sdown";
+/// Counter `{group,reason}`: instances this daemon saw go SDOWN, by
+/// reason (`silence`, `refused`, `reboot`).
+pub const SDOWN_TOTAL: &str = "picket_sdown_total";
+/// Counter `{group,server}`: restarts of the instance this daemon saw
+/// (`+reboot`).
+pub const INSTANCE_REBOOTS: &str = "picket_instance_reboots_total";
+/// The reasons of [`SDOWN_TOTAL`].
+pub const SDOWN_REASONS: &[&str] = &["silence", "refused", "reboot"];
 /// Gauge `{group}`: 1 while the master is ODOWN.
 pub const MASTER_ODOWN: &str = "picket_group_master_odown";
 /// Gauge `{group}`: 1 when enough daemons are reachable to fail over.
@@ -142,6 +150,14 @@ pub fn describe() {
     describe_gauge!(CURRENT_EPOCH, "This daemon's current epoch");
     describe_gauge!(MASTER_SDOWN, "1 while this daemon sees the master down");
     describe_gauge!(MASTER_ODOWN, "1 while the quorum sees the master down");
+    describe_counter!(
+        SDOWN_TOTAL,
+        "Instances this daemon saw go down (SDOWN), by reason: silence for down_after, connections refused for down_after_refused, a master restarted with less than its replicas"
+    );
+    describe_counter!(
+        INSTANCE_REBOOTS,
+        "Restarts of the instance this daemon saw (+reboot)"
+    );
     describe_gauge!(
         QUORUM_REACHABLE,
         "1 when enough daemons are reachable to authorise a failover"
@@ -258,6 +274,9 @@ pub fn register_group<'a>(group: &str, backends: impl IntoIterator<Item = &'a st
     metrics::counter!(DEMOTIONS, "group" => g.clone()).increment(0);
     metrics::gauge!(MASTER_SDOWN, "group" => g.clone()).set(0.0);
     metrics::gauge!(MASTER_ODOWN, "group" => g.clone()).set(0.0);
+    for reason in SDOWN_REASONS {
+        metrics::counter!(SDOWN_TOTAL, "group" => g.clone(), "reason" => *reason).increment(0);
+    }
     let _ = metrics::histogram!(FAILOVER_DURATION, "group" => g);
     for kind in backends {
         let kind = kind.to_string();
@@ -291,6 +310,8 @@ pub fn register_instance(group: &SharedString, server: &SharedString) {
         metrics::counter!(PROBE_ERRORS, "group" => group.clone(), SERVER_LABEL => server.clone(), "kind" => *kind)
             .increment(0);
     }
+    metrics::counter!(INSTANCE_REBOOTS, "group" => group.clone(), SERVER_LABEL => server.clone())
+        .increment(0);
 }
 
 /// A label value to be shared by many series (a group's name, an

@@ -11,14 +11,16 @@
 //!   client of its own from the daemons and the replicas
 //!   ([`partition::Partition`]); SIGSTOP/SIGCONT of a daemon; a slow
 //!   or failing Kubernetes API (the fake of `tests/support`) during a master
-//!   kill; planned switchovers (`PICKET FAILOVER`) in calm moments.
+//!   kill; planned switchovers (`PICKET FAILOVER`) in calm moments; the
+//!   master killed and restarted empty 50–500 ms later.
 //! - Invariants (see `docs/reliability.md, "Chaos test"`): one master per epoch
 //!   across every backend; epochs never decrease in a backend; an advertised
 //!   master is not a replica for long; with `flush_on_failover`, nothing
 //!   written before an unplanned failover is readable through the master it
 //!   advertised; a planned switchover loses no acknowledged write; no daemon
 //!   crashes or stops answering `/healthz`; with isolation fencing, an
-//!   isolated master acknowledges no write once the fence took effect. The
+//!   isolated master acknowledges no write once the fence took effect; no
+//!   replica loses data to a master that restarted with less. The
 //!   acknowledged writes each partition lost are reported, not judged
 //!   (asynchronous replication loses some by design).
 //!
@@ -777,6 +779,7 @@ enum Fault {
     Switchover,
     CutFromServer,
     IsolateMaster,
+    RestartMasterEmpty,
 }
 
 fn pick_fault(rng: &mut StdRng, kube: bool, netcut: bool, partition: bool) -> Fault {
@@ -791,6 +794,7 @@ fn pick_fault(rng: &mut StdRng, kube: bool, netcut: bool, partition: bool) -> Fa
         (Fault::Switchover, 2),
         (Fault::CutFromServer, if netcut { 3 } else { 0 }),
         (Fault::IsolateMaster, if partition { 2 } else { 0 }),
+        (Fault::RestartMasterEmpty, 2),
     ];
     let total: u32 = table.iter().map(|(_, w)| w).sum();
     let mut x = rng.random_range(0..total);
@@ -828,6 +832,8 @@ struct Chaos {
     /// Per partition of the master: how long, writes the isolated master
     /// acknowledged after the cut, and how many of them were lost.
     partitions: Vec<(Duration, usize, usize)>,
+    /// Master restarts of [`Fault::RestartMasterEmpty`] so far.
+    restarts: usize,
 }
 
 impl Chaos {
@@ -1044,6 +1050,92 @@ impl Chaos {
             Fault::Switchover => self.switchover(master),
             Fault::CutFromServer => self.cut_from_server(master),
             Fault::IsolateMaster => self.isolate_master(master),
+            Fault::RestartMasterEmpty => self.restart_master_empty(master),
+        }
+    }
+
+    /// Kill the master and start it again, empty, 50–500 ms later (a
+    /// supervisor's restart after a crash or an OOM kill). Invariant 8: no
+    /// replica loses data to a server that restarted with less; the keys
+    /// written (and replicated) before the kill are all on the master the
+    /// group settles on. With `flush_on_failover` the group wants an empty
+    /// master after a failure: reported, not judged.
+    fn restart_master_empty(&mut self, master: SocketAddr) {
+        let n = self.restarts + 1;
+        self.restarts = n;
+        let keys: Vec<String> = (0..500).map(|i| format!("r{n}:{i}")).collect();
+        let mut args = vec!["MSET".to_string()];
+        for k in &keys {
+            args.push(k.clone());
+            args.push("1".into());
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        if !RespConn::connect(master, CMD_TIMEOUT)
+            .and_then(|mut c| c.cmd(&refs))
+            .is_ok_and(|r| r.is_ok())
+        {
+            self.shared.event(format!(
+                "note: could not write the restart's keys to {master}; no restart"
+            ));
+            return;
+        }
+        // The keys must be on a replica: only those are any server's to keep.
+        let replicated = Instant::now() + Duration::from_secs(10);
+        let on_replica = || {
+            self.redis.iter().filter(|r| r.addr() != master).any(|r| {
+                r.cmd(&["EXISTS", &keys[keys.len() - 1]])
+                    .ok()
+                    .and_then(|x| x.as_int())
+                    == Some(1)
+            })
+        };
+        while !on_replica() && Instant::now() < replicated {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if !on_replica() {
+            self.shared.event(format!(
+                "note: the restart's keys did not reach a replica of {master}; no restart"
+            ));
+            return;
+        }
+        let i = self.redis_index(master);
+        let after = ms(&mut self.rng, 50, 500);
+        self.shared.event(format!(
+            "fault: kill -9 master {master}, restarted empty {after:?} later"
+        ));
+        self.redis[i].kill9();
+        std::thread::sleep(after);
+        self.redis[i].restart();
+        self.shared
+            .event(format!("recover: restarted master {master} (empty)"));
+        let Some(final_master) = self.settle() else {
+            return;
+        };
+        let missing = RespConn::connect(final_master, CMD_TIMEOUT).map(|mut c| {
+            keys.iter()
+                .filter(|k| c.cmd(&["EXISTS", k]).ok().and_then(|r| r.as_int()) != Some(1))
+                .count()
+        });
+        let missing = match missing {
+            Ok(m) => m,
+            Err(e) => {
+                self.shared
+                    .event(format!("note: cannot read {final_master}: {e}"));
+                return;
+            }
+        };
+        self.shared.event(format!(
+            "restart {n}: the group settled on {final_master}; {missing} of {} keys written before the kill missing",
+            keys.len()
+        ));
+        if missing > 0 && self.mode != Mode::Flush {
+            self.shared.violation(
+                &format!("restart {n}"),
+                format!(
+                    "{missing} of {} replicated keys lost to {master}, restarted empty {after:?} after a kill (final master {final_master})",
+                    keys.len()
+                ),
+            );
         }
     }
 
@@ -1484,6 +1576,7 @@ fn run_chaos(mode: Mode) {
             .expect("a loopback address is an IP address"),
         mode,
         partitions: Vec::new(),
+        restarts: 0,
     };
     let run_until = Instant::now() + duration;
     while Instant::now() < run_until {
@@ -1513,7 +1606,7 @@ fn run_chaos(mode: Mode) {
     eprintln!(
         "chaos: seed={seed} faults={} checks={} violations={} mode={} epochs={} \
          switchovers={} switchover_writes_checked={} acked_writes={acked} lagging_files={} flush_checks={} slice_epoch={:?} \
-         partitions={} partition_acked_lost={:?}",
+         partitions={} partition_acked_lost={:?} empty_restarts={}",
         shared.faults.load(Ordering::SeqCst),
         shared.checks.load(Ordering::SeqCst),
         violations.len(),
@@ -1530,6 +1623,7 @@ fn run_chaos(mode: Mode) {
             .iter()
             .map(|(len, acked, lost)| format!("{:.1}s:{lost}/{acked}", len.as_secs_f64()))
             .collect::<Vec<_>>(),
+        chaos.restarts,
     );
     if !violations.is_empty() {
         let log = lock(&shared.events).join("\n");

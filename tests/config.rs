@@ -1552,6 +1552,7 @@ fn example_config_has_every_key() {
             master: picket::addr::Addr::new("x", 1),
             quorum: 1,
             down_after: d,
+            down_after_refused: d,
             failover_timeout: d,
             parallel_syncs: 1,
             flush_on_failover: true,

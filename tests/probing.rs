@@ -174,7 +174,7 @@ fn a_healthy_master_is_read_by_its_replication_section_between_full_reads() {
 }
 
 #[test]
-fn a_killed_replica_goes_sdown_after_down_after_and_comes_back_after_restart() {
+fn a_killed_replica_is_sdown_once_refused_a_frozen_one_after_down_after() {
     let mut topo = Topology::master_with_replicas(2);
     let cluster = watch(&topo, "");
     let n = &cluster.nodes[0];
@@ -192,27 +192,50 @@ fn a_killed_replica_goes_sdown_after_down_after_and_comes_back_after_restart() {
     wait_for("picket_instance_up 1", Duration::from_secs(5), || {
         up_metric() == Some(1.0)
     });
-
-    topo.replicas[0].kill9();
-    let killed = Instant::now();
-    let mut went_down = None;
-    while killed.elapsed() < Duration::from_secs(5) {
-        if instance(n, addr)["sdown"] == true {
-            went_down = Some(killed.elapsed());
-            break;
+    let sdown_after = |target: SocketAddr, from: Instant| {
+        let mut went_down = None;
+        while from.elapsed() < Duration::from_secs(5) {
+            if instance(n, target)["sdown"] == true {
+                went_down = Some(from.elapsed());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let took =
-        went_down.unwrap_or_else(|| panic!("{addr} not SDOWN 5 s after kill -9\n{}", n.logs()));
-    println!("SDOWN {took:?} after kill -9 (down_after 1s)");
+        went_down.unwrap_or_else(|| panic!("{target} not SDOWN 5 s after the fault\n{}", n.logs()))
+    };
+
+    // Frozen (SIGSTOP): its sockets stay open, nothing answers: silence.
+    let frozen = topo.replicas[1].addr();
+    topo.replicas[1].sigstop();
+    let took = sdown_after(frozen, Instant::now());
+    topo.replicas[1].sigcont();
+    println!("SDOWN {took:?} after SIGSTOP (down_after 1s)");
     // The last reply came at most one probe period (250 ms) before the
-    // kill, so SDOWN cannot be seen earlier than ~0.75 s after it.
+    // stop, so SDOWN cannot be seen earlier than ~0.75 s after it.
     assert!(
         took >= Duration::from_millis(700),
         "SDOWN after only {took:?}"
     );
-    assert!(took < Duration::from_secs(3), "SDOWN after {took:?}");
+    assert_eq!(instance(n, frozen)["sdown_reason"], "silence");
+    wait_for("the frozen replica back up", Duration::from_secs(5), || {
+        instance(n, frozen)["sdown"] == false
+    });
+
+    // Killed: the kernel refuses its port at once; down after
+    // down_after_refused (100 ms), not down_after.
+    topo.replicas[0].kill9();
+    let took = sdown_after(addr, Instant::now());
+    println!("SDOWN {took:?} after kill -9 (down_after 1s, down_after_refused 100ms)");
+    assert!(
+        took >= Duration::from_millis(90),
+        "SDOWN after only {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(700),
+        "SDOWN after {took:?}: the refusals were not used\n{}",
+        n.logs()
+    );
+    assert_eq!(instance(n, addr)["sdown_reason"], "refused");
     let v = instance(n, addr);
     assert_eq!(v["up"], false, "{v}");
     assert!(v["sdown_ms"].is_u64(), "{v}");

@@ -16,6 +16,10 @@
 //!   redis-sentinel (defaults, and with `min-replicas-to-write 1`) and picket
 //!   (without and with isolation fencing): acknowledged writes lost. Needs
 //!   root (iptables).
+//! - `restart`: kill -9 of the master and an empty restart at the same
+//!   address 0.1 s, 0.4 s and 2 s later (disk-based replication, 20,000
+//!   keys): the share of the keys on the group's final master, runs
+//!   interleaved.
 //! - `all` (the default): the four in turn (`partition` only as root, and
 //!   not with `--quick`).
 //! - `tls`: the `failover` run of picket without and with TLS, side by
@@ -34,6 +38,7 @@ mod partition_runs;
 mod plot;
 mod procs;
 mod report;
+mod restart;
 mod runs;
 mod targets;
 mod watch;
@@ -75,6 +80,9 @@ enum Cmd {
     Cost,
     /// A partition of the master and one client (needs root).
     Partition,
+    /// kill -9 of the master and an empty restart at the same address:
+    /// the keys the final master keeps.
+    Restart,
     /// Unplanned failover, picket without and with TLS (mutual TLS between
     /// the daemons, TLS and a password for the client), side by side.
     Tls,
@@ -174,6 +182,15 @@ struct Opts {
     /// Partition lengths.
     #[arg(long, global = true, value_parser = durations, default_value = "5s,20s")]
     partition: std::vec::Vec<Duration>,
+    /// `restart`: delays between the kill and the empty restart.
+    #[arg(long, global = true, value_parser = durations, default_value = "100ms,400ms,2s")]
+    restart_after: std::vec::Vec<Duration>,
+    /// `restart`: runs per side and delay.
+    #[arg(long, global = true, default_value_t = 10)]
+    restart_runs: usize,
+    /// `restart`: keys written before the kill.
+    #[arg(long, global = true, default_value_t = 20_000)]
+    restart_keys: u64,
     /// Write every result as JSON here.
     #[arg(long, global = true)]
     json: Option<PathBuf>,
@@ -213,6 +230,7 @@ struct Results {
     cost: Vec<CostRow>,
     partition: Vec<partition_runs::PartitionRow>,
     partition_runs: Vec<partition_runs::PartitionRun>,
+    restart: Vec<restart::RestartRun>,
     targets: Vec<report::TargetCheck>,
     errors: Vec<String>,
 }
@@ -277,6 +295,42 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// The restart table: per delay and side, the share of keys kept (median
+/// and lowest) and the runs that kept at least 99 %.
+fn print_restart(runs: &[restart::RestartRun], delays: &[Duration]) {
+    println!("\n## kill -9 and empty restart of the master (keys on the final master)\n");
+    println!(
+        "| restart after | side | runs | kept, median | kept, lowest | runs with >= 99 % | failed over |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for d in delays {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        for side in [Side::Picket, Side::RedisSentinel] {
+            let mut pct: Vec<f64> = runs
+                .iter()
+                .filter(|r| r.side == side && r.after_ms == ms)
+                .map(restart::RestartRun::kept_pct)
+                .collect();
+            if pct.is_empty() {
+                continue;
+            }
+            pct.sort_by(f64::total_cmp);
+            let n = pct.len();
+            let failed_over = runs
+                .iter()
+                .filter(|r| r.side == side && r.after_ms == ms && r.failed_over)
+                .count();
+            println!(
+                "| {d:?} | {} | {n} | {:.1} % | {:.1} % | {} | {failed_over} |",
+                side.name(),
+                pct[n / 2],
+                pct[0],
+                pct.iter().filter(|p| **p >= 99.0).count()
+            );
+        }
+    }
 }
 
 fn find_picket(o: &Opts) -> anyhow::Result<PathBuf> {
@@ -366,6 +420,50 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     if matches!(cmd, Cmd::Tls) {
         return tls_bench(&env, &o, &work).await;
+    }
+    if matches!(cmd, Cmd::Restart) {
+        for &after in &o.restart_after {
+            for i in 0..o.restart_runs {
+                for side in [Side::Picket, Side::RedisSentinel] {
+                    let run = next_run();
+                    eprint!(
+                        "restart after {after:?} {} run {}/{} ... ",
+                        side.name(),
+                        i + 1,
+                        o.restart_runs
+                    );
+                    match restart::restart_run(
+                        &env,
+                        side,
+                        Duration::from_secs(1),
+                        run,
+                        after,
+                        o.restart_keys,
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    {
+                        Ok(r) => {
+                            eprintln!(
+                                "kept {}/{} ({:.1} %), failed over {}, settled {:?} ms",
+                                r.kept,
+                                r.keys,
+                                r.kept_pct(),
+                                r.failed_over,
+                                r.settled_ms.map(f64::round)
+                            );
+                            res.restart.push(r);
+                        }
+                        Err(e) => {
+                            eprintln!("error: {e:#}");
+                            res.errors
+                                .push(format!("restart {after:?} {}: {e:#}", side.name()));
+                        }
+                    }
+                }
+            }
+        }
+        print_restart(&res.restart, &o.restart_after);
     }
 
     if matches!(cmd, Cmd::All | Cmd::Failover) {

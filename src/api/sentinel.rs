@@ -35,6 +35,9 @@ struct Flags {
     master_down: bool,
     failover_in_progress: bool,
     promoted: bool,
+    /// Sentinel's `master_reboot`: the master restarted (here: with less
+    /// than its replicas hold, and is down for it).
+    master_reboot: bool,
 }
 
 impl Flags {
@@ -49,6 +52,7 @@ impl Flags {
             (self.master_down, "master_down"),
             (self.failover_in_progress, "failover_in_progress"),
             (self.promoted, "promoted"),
+            (self.master_reboot, "master_reboot"),
         ];
         all.iter()
             .filter(|(on, _)| *on)
@@ -161,6 +165,7 @@ pub fn master_map(v: &GroupView) -> Reply {
         master: true,
         disconnected: mv.is_some_and(|i| !i.connected),
         failover_in_progress: v.failover.is_some(),
+        master_reboot: mv.is_some_and(|i| i.sdown_reason == Some("reboot")),
         ..Default::default()
     };
     let mut b = MapBuilder::new();
@@ -515,6 +520,8 @@ mod tests {
             up: true,
             sdown: false,
             sdown_ms: None,
+            sdown_reason: None,
+            rebooted_ms: None,
             connected: true,
             last_ok_ping_ms: 12,
             last_reply_ms: Some(12),

@@ -273,6 +273,18 @@ impl InstanceOps {
         }
     }
 
+    /// `CLIENT PAUSE <for> ALL` on `addr` (Redis, Valkey): nobody is served
+    /// until it ends, a replica's replication handshake included, so no
+    /// replica takes a full copy of a server that restarted empty while
+    /// the quorum decides. Everything sent to it meanwhile waits, picket's
+    /// own commands too: the pause cannot be lifted early.
+    pub async fn pause_all(&self, addr: &Addr, duration: Duration) -> Result<(), RespError> {
+        let mut c = Connection::connect(&addr.to_string(), &self.client).await?;
+        let ms = duration.as_millis().to_string();
+        c.call(["CLIENT", "PAUSE", ms.as_str(), "ALL"]).await?;
+        Ok(())
+    }
+
     /// `REPLICAOF master` on `replica`.
     pub async fn repoint(
         &self,

@@ -41,6 +41,10 @@ pub struct Candidate {
     pub link_down_since: Option<Duration>,
     /// Its last reply was `-BUSY` (a script runs).
     pub busy: bool,
+    /// It follows the replication history of a master that restarted
+    /// with less than its replicas held: it has taken (or is taking) a
+    /// copy of that server, not the data the others hold.
+    pub copied_restarted_master: bool,
 }
 
 /// Why a replica was not chosen (for logs and status).
@@ -65,6 +69,8 @@ pub enum Exclusion {
     UnknownRole,
     /// Answers `-BUSY`: a script runs on it.
     Busy,
+    /// Took a copy of a master that restarted with less data.
+    CopiedRestartedMaster,
 }
 
 /// Limits used by the exclusions.
@@ -115,6 +121,9 @@ pub fn exclusion(c: &Candidate, limits: &SelectionLimits) -> Option<Exclusion> {
     }
     if c.loading || c.sync_in_progress {
         return Some(Exclusion::Loading);
+    }
+    if c.copied_restarted_master {
+        return Some(Exclusion::CopiedRestartedMaster);
     }
     if c.priority == Some(0) {
         return Some(Exclusion::PriorityZero);
@@ -177,6 +186,7 @@ mod tests {
 
     fn replica(port: u16, priority: Option<u32>, offset: Option<i64>) -> Candidate {
         Candidate {
+            copied_restarted_master: false,
             addr: Addr::new("127.0.0.1", port),
             sdown: false,
             connected: true,

@@ -29,6 +29,10 @@ pub(super) struct ReplicaSet<'a> {
     master: &'a Addr,
     limits: SelectionLimits,
     now: Instant,
+    /// The replication id of the master when it is down for having
+    /// restarted with less than its replicas: a replica in that history
+    /// took a copy of it.
+    restarted_history: Option<&'a String>,
 }
 
 impl<'a> ReplicaSet<'a> {
@@ -43,17 +47,27 @@ impl<'a> ReplicaSet<'a> {
             .and_then(|i| i.sdown.down_since())
             .map(|t| now.saturating_duration_since(t))
             .unwrap_or_default();
+        let restarted_history = instances
+            .get(master)
+            .filter(|m| m.sdown.rebooted())
+            .and_then(|m| m.info.as_ref())
+            .and_then(|i| i.replid.as_ref());
         ReplicaSet {
             instances,
             master,
             limits: SelectionLimits::new(cfg.ping_period(), cfg.down_after, master_down_for),
             now,
+            restarted_history,
         }
     }
 
     fn candidate(&self, i: &Instance) -> Candidate {
         let info = i.info.as_ref();
         Candidate {
+            copied_restarted_master: self
+                .restarted_history
+                .as_ref()
+                .is_some_and(|h| info.and_then(|x| x.replid.as_ref()) == Some(h)),
             addr: i.addr.clone(),
             sdown: i.sdown.is_down(),
             connected: i.connected,
@@ -135,6 +149,25 @@ impl Group {
             replicas: &replicas,
         };
         (f(&mut self.election, &o), tilt)
+    }
+
+    /// A peer's hello says it sees the master down while the quorum is not
+    /// reached yet: ask the peers now, not at the next ask period. A dead
+    /// process is seen by every daemon within milliseconds of each other,
+    /// and the first to see it asked before the others did.
+    pub(super) fn on_peer_sdown_hellos(&mut self, now: Instant) {
+        if self.failover.is_some() || self.election.odown_since().is_some() || !self.master_sdown()
+        {
+            return;
+        }
+        let reported = self.peer_rx.borrow().iter().any(|e| {
+            e.group(&self.cfg.name)
+                .is_some_and(|g| g.sdown && g.master == self.master)
+        });
+        if reported {
+            self.election.master_went_down();
+            self.step_election(now, |e, o| e.tick(o));
+        }
     }
 
     pub(super) fn run_election_actions(&mut self, now: Instant, actions: Vec<Action>) {

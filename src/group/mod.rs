@@ -483,6 +483,7 @@ async fn run(
             }
             Woken::Peers => {
                 g.check_peer_configs(Instant::now());
+                g.on_peer_sdown_hellos(Instant::now());
                 cadence_due = true;
                 g.dirty = true;
             }

@@ -15,8 +15,8 @@ use crate::events::{Detail, EventKind};
 use crate::failover::ops::ScriptKill;
 use crate::metrics as m;
 use crate::probe::info::{InfoSnapshot, ReplicaEntry};
-use crate::probe::sdown::{Sdown, Transition};
-use crate::probe::{self, ProbeEvent, ProbeHandle, ProbeSettings, Role};
+use crate::probe::sdown::{Reason, Sdown, Transition};
+use crate::probe::{self, Failure, ProbeEvent, ProbeHandle, ProbeSettings, Role, reboot};
 use crate::resp::RespError;
 
 /// One data server of the group, as this daemon sees it.
@@ -53,6 +53,11 @@ pub(super) struct Instance {
     /// It was the master, or its last INFO said `role:master`: it is never
     /// forgotten for being down (if it came back it must be demoted).
     pub(super) last_seen_master: bool,
+    /// When this daemon last saw it restart (`+reboot`).
+    pub(super) rebooted_at: Option<Instant>,
+    /// A restarted master still loading its data: judged against its
+    /// replicas once it is done.
+    pub(super) reboot_unjudged: bool,
 }
 
 /// The INFO period of a master, of a replica out of place, and of every
@@ -285,6 +290,11 @@ impl Group {
             info_period: INFO_FAST.max(ping),
             ping_timeout: self.cfg.down_after.max(Duration::from_millis(100)),
             client: self.client.clone(),
+            reconnect_fast: reconnect_fast(self.cfg.down_after_refused),
+            // Long enough to see a restarted server before its replicas
+            // reconnect to it (Redis retries once a second).
+            reconnect_fast_for: (self.cfg.down_after + self.cfg.down_after_refused)
+                .max(Duration::from_secs(2)),
         };
         let probe = probe::spawn(settings, self.probe_tx.clone());
         let now = Instant::now();
@@ -298,7 +308,7 @@ impl Group {
                 addr: addr.clone(),
                 server,
                 probe: Some(probe),
-                sdown: Sdown::new(self.cfg.down_after, now),
+                sdown: Sdown::new(self.cfg.down_after, self.cfg.down_after_refused, now),
                 connected: false,
                 connected_at: None,
                 last_reply: None,
@@ -316,6 +326,8 @@ impl Group {
                 up_gauge,
                 info_age_gauge: None,
                 last_seen_master: *addr == self.master,
+                rebooted_at: None,
+                reboot_unjudged: false,
             },
         );
         if *addr != self.master {
@@ -482,6 +494,8 @@ impl Group {
         let mut new_replicas = Vec::new();
         let mut kill = false;
         let mut resolved = None;
+        let mut reboot = None;
+        let mut reread_replicas = false;
         match ev {
             ProbeEvent::Ping {
                 at,
@@ -501,6 +515,8 @@ impl Group {
                     inst.last_error = None;
                     inst.script_kill = None;
                 } else {
+                    // It answered: its process is there.
+                    inst.sdown.on_other_failure();
                     inst.last_error = error;
                 }
                 // Sentinel's rule: once it is SDOWN and answers -BUSY, one
@@ -513,9 +529,22 @@ impl Group {
                     kill = true;
                 }
             }
-            ProbeEvent::Unreachable { error, .. } => {
+            ProbeEvent::Unreachable {
+                error, cause, at, ..
+            } => {
                 if inst.last_error.as_deref() != Some(error.as_str()) {
                     tracing::debug!(group = %group, instance = %addr, %error, "probe failed");
+                }
+                match cause {
+                    Failure::Refused => transition = inst.sdown.on_refused(at),
+                    Failure::Closed => {
+                        inst.sdown.on_closed(at);
+                        // The master's process may have died: what each
+                        // replica holds now is what a failover, or a
+                        // restarted master, is judged against.
+                        reread_replicas = is_master;
+                    }
+                    Failure::Other => inst.sdown.on_other_failure(),
                 }
                 inst.connected = false;
                 inst.busy = false;
@@ -533,6 +562,16 @@ impl Group {
                 let old_role = inst.info.as_ref().map(|i| i.role);
                 if old_role != Some(info.role) {
                     inst.role_changed_at = Some(at);
+                }
+                // A new process since the last INFO (a full read: every
+                // new connection's first INFO is one).
+                if let (Some(before), Some(before_at)) = (inst.info.as_deref(), inst.info_at)
+                    && let Some(why) =
+                        reboot::restarted(before, &info, at.saturating_duration_since(before_at))
+                {
+                    inst.rebooted_at = Some(at);
+                    inst.reboot_unjudged = is_master;
+                    reboot = Some(why);
                 }
                 inst.last_seen_master = info.role == Role::Master || is_master;
                 if is_master && info.role == Role::Master {
@@ -562,9 +601,18 @@ impl Group {
         if plain_ping && !shown_changed && transition.is_none() && !kill {
             return false;
         }
+        if reread_replicas {
+            for r in self.replica_addrs() {
+                self.refresh_info(&r);
+            }
+        }
+        if let Some(why) = reboot {
+            self.on_reboot(&addr, &why);
+        }
         if let Some(t) = transition {
             self.on_sdown_transition(&addr, t);
         }
+        self.judge_reboot(&addr, Instant::now());
         if kill {
             self.kill_script(&addr);
         }
@@ -620,14 +668,122 @@ impl Group {
         k.outcome = Some(result.map_err(|_| ()));
     }
 
+    /// `addr` restarted (`+reboot`, Sentinel's event for a new `run_id`).
+    fn on_reboot(&mut self, addr: &Addr, why: &str) {
+        let is_master = *addr == self.master;
+        tracing::warn!(group = %self.cfg.name, instance = %addr, master = is_master, reason = %why, "the server restarted");
+        let detail = if is_master {
+            Detail::Master
+        } else {
+            Detail::Replica(addr.clone())
+        };
+        self.emit(EventKind::Reboot, &detail);
+        if let Some(i) = self.instances.get(addr) {
+            metrics::counter!(m::INSTANCE_REBOOTS, "group" => self.label.clone(), m::SERVER_LABEL => i.server.clone()).increment(1);
+        }
+        self.dirty = true;
+    }
+
+    /// A restarted master is judged against what its replicas held (see
+    /// `probe::reboot`): one that holds less is SDOWN (`#reboot`) and, on
+    /// Redis and Valkey, paused at once so that no replica takes a full
+    /// copy of it before the quorum has failed it over. With
+    /// `flush_on_failover` the group wants an empty master after a failure
+    /// anyway: the restarted one stays, and its replicas follow it.
+    fn judge_reboot(&mut self, addr: &Addr, now: Instant) {
+        let Some(inst) = self.instances.get(addr) else {
+            return;
+        };
+        if !inst.reboot_unjudged || *addr != self.master {
+            return;
+        }
+        let Some(info) = inst.info.as_deref() else {
+            return;
+        };
+        if self.cfg.flush_on_failover {
+            if let Some(i) = self.instances.get_mut(addr) {
+                i.reboot_unjudged = false;
+            }
+            return;
+        }
+        let holdings: Vec<reboot::Holding> = self
+            .instances
+            .values()
+            .filter(|r| r.addr != *addr)
+            .filter_map(|r| {
+                let i = r.info.as_deref()?;
+                (i.role == Role::Replica).then(|| reboot::Holding::of(r.addr.to_string(), i))
+            })
+            .collect();
+        let verdict = reboot::judge(info, &holdings);
+        let flavour = info.flavour;
+        let (keys, replid) = (info.keys, info.replid.clone());
+        let Some(inst) = self.instances.get_mut(addr) else {
+            return;
+        };
+        let why = match verdict {
+            reboot::Verdict::Loading => return,
+            reboot::Verdict::Keeps => {
+                inst.reboot_unjudged = false;
+                tracing::info!(group = %self.cfg.name, master = %addr, ?holdings, ?keys, ?replid, "the restarted master holds what its replicas hold: it stays the master");
+                return;
+            }
+            reboot::Verdict::Behind(why) => why,
+        };
+        inst.reboot_unjudged = false;
+        let t = inst.sdown.set_rebooted(true, now);
+        // A replica that reconnected to it before it was paused is taking
+        // (or took) its copy: read them all now, so that selection sees
+        // which (`Exclusion::CopiedRestartedMaster`).
+        for r in self.replica_addrs() {
+            self.refresh_info(&r);
+        }
+        tracing::warn!(group = %self.cfg.name, master = %addr, reason = %why, "the master restarted with less than its replicas hold: it is down for this daemon");
+        if flavour != crate::probe::Flavour::Dragonfly {
+            // Dragonfly pauses only client connections, not replication
+            // (a replica there must not resync on its own: its
+            // `--break_replication_on_master_restart`, or the failover
+            // coming first).
+            let ops = self.ops.clone();
+            let target = addr.clone();
+            let pause = reboot_pause(self.cfg.down_after);
+            // A paused server answers nobody, the other daemons' probes
+            // included: they are given the time of one reconnect to read
+            // its INFO and judge it on their own evidence, or they would
+            // see only silence and fail it over only after down_after.
+            // Replicas reconnect far less often (Redis: once a second).
+            let delay = reconnect_fast(self.cfg.down_after_refused) + Duration::from_millis(5);
+            self.effects.spawn(async move {
+                tokio::time::sleep(delay).await;
+                match ops.pause_all(&target, pause).await {
+                    Ok(()) => tracing::info!(master = %target, ?pause, "restarted master paused: its replicas cannot resynchronise from it"),
+                    Err(e) => tracing::warn!(master = %target, error = %e, "could not pause the restarted master"),
+                }
+                None
+            });
+        }
+        if let Some(t) = t {
+            self.on_sdown_transition(addr, t);
+        }
+    }
+
     fn on_sdown_transition(&mut self, addr: &Addr, t: Transition) {
         let detail = if *addr == self.master {
-            Detail::Master
+            match self.instances.get(addr).and_then(|i| i.sdown.reason()) {
+                Some(r) if t == Transition::Down && r != Reason::Silence => {
+                    Detail::MasterAnd(format!("#{}", r.as_str()))
+                }
+                _ => Detail::Master,
+            }
         } else {
             Detail::Replica(addr.clone())
         };
         let up = match t {
             Transition::Down => {
+                if let Some(r) = self.instances.get(addr).and_then(|i| i.sdown.reason()) {
+                    metrics::counter!(m::SDOWN_TOTAL, "group" => self.label.clone(), "reason" => r.as_str()).increment(1);
+                    tracing::info!(group = %self.cfg.name, instance = %addr, reason = r.as_str(), "+sdown");
+                }
                 self.emit(EventKind::Sdown, &detail);
                 0.0
             }
@@ -659,8 +815,17 @@ impl Group {
             return;
         }
         let mut transitions = Vec::new();
+        let master = &self.master;
         for inst in self.instances.values_mut() {
             if let Some(t) = inst.sdown.check(now) {
+                transitions.push((inst.addr.clone(), t));
+            }
+            // A restarted master that has been failed over is the
+            // returning old master now: demoted, not held down.
+            if inst.addr != *master
+                && inst.sdown.rebooted()
+                && let Some(t) = inst.sdown.set_rebooted(false, now)
+            {
                 transitions.push((inst.addr.clone(), t));
             }
         }
@@ -743,6 +908,22 @@ impl Group {
             }
         }
     }
+}
+
+/// How often a probe reconnects after the server closed or refused a
+/// connection: five tries within `down_after_refused`, 5–50 ms apart.
+pub(super) fn reconnect_fast(down_after_refused: Duration) -> Duration {
+    (down_after_refused / 5).clamp(Duration::from_millis(5), Duration::from_millis(50))
+}
+
+/// How long a master that restarted with less than its replicas hold is
+/// paused (`CLIENT PAUSE .. ALL`: nobody, a replica's handshake included,
+/// is served): long enough for the quorum to fail it over (tens of
+/// milliseconds once every daemon has seen the restart), short enough
+/// that a quorum that cannot decide leaves it usable again. Commands sent
+/// to it meanwhile, the demotion after the failover among them, wait.
+pub(super) fn reboot_pause(down_after: Duration) -> Duration {
+    (down_after * 2).clamp(Duration::from_secs(2), Duration::from_secs(10))
 }
 
 /// A pause longer than this between two runs of the group task is a stall

@@ -43,6 +43,13 @@ pub struct InstanceView {
     pub sdown: bool,
     /// Milliseconds since SDOWN began.
     pub sdown_ms: Option<u64>,
+    /// Why it is SDOWN: `silence` (no valid reply for `down_after`),
+    /// `refused` (its process gone: connections refused for
+    /// `down_after_refused`) or `reboot` (a master restarted with less
+    /// than its replicas hold).
+    pub sdown_reason: Option<&'static str>,
+    /// Milliseconds since this daemon last saw it restart (`+reboot`).
+    pub rebooted_ms: Option<u64>,
     /// Probe connection established.
     pub connected: bool,
     /// Milliseconds since the last valid PING reply.
@@ -453,6 +460,8 @@ impl Group {
                     up: !i.sdown.is_down(),
                     sdown: i.sdown.is_down(),
                     sdown_ms: since(i.sdown.down_since()),
+                    sdown_reason: i.sdown.reason().map(|r| r.as_str()),
+                    rebooted_ms: since(i.rebooted_at),
                     connected: i.connected,
                     last_ok_ping_ms: ms(now.saturating_duration_since(i.sdown.last_valid())),
                     last_reply_ms: since(i.last_reply),

@@ -100,8 +100,18 @@ pub struct InfoSnapshot {
     pub replicas: Vec<ReplicaEntry>,
     /// `master_replid`.
     pub replid: Option<String>,
+    /// `master_replid2` (Redis/Valkey): the history this server continues,
+    /// e.g. the one it loaded from its RDB file at a restart; None when
+    /// all zeros (none) or absent.
+    pub replid2: Option<String>,
     /// `loading:1` (INFO persistence).
     pub loading: bool,
+    /// `uptime_in_seconds` (every flavour): a restart shows as a smaller
+    /// value than the last one plus the time in between.
+    pub uptime_secs: Option<u64>,
+    /// The keys of every database (`# Keyspace`, `dbN:keys=K,...`); 0 when
+    /// the section is there and empty, None when it was not read.
+    pub keys: Option<u64>,
 }
 
 impl Default for InfoSnapshot {
@@ -127,7 +137,10 @@ impl Default for InfoSnapshot {
             connected_replicas: None,
             replicas: Vec::new(),
             replid: None,
+            replid2: None,
             loading: false,
+            uptime_secs: None,
+            keys: None,
         }
     }
 }
@@ -144,6 +157,10 @@ pub struct ServerFields {
     pub run_id: Option<String>,
     /// `loading:1`.
     pub loading: bool,
+    /// `uptime_in_seconds` at the full read.
+    pub uptime_secs: Option<u64>,
+    /// The keys at the full read.
+    pub keys: Option<u64>,
 }
 
 impl InfoSnapshot {
@@ -154,6 +171,8 @@ impl InfoSnapshot {
             version: self.version.clone(),
             run_id: self.run_id.clone(),
             loading: self.loading,
+            uptime_secs: self.uptime_secs,
+            keys: self.keys,
         }
     }
 
@@ -164,6 +183,8 @@ impl InfoSnapshot {
         self.version = f.version.clone();
         self.run_id = f.run_id.clone();
         self.loading = f.loading;
+        self.uptime_secs = f.uptime_secs;
+        self.keys = f.keys;
         self
     }
 }
@@ -239,7 +260,8 @@ pub enum RoleReply {
 }
 
 /// The INFO sections with no field picket reads (Redis, Valkey and
-/// Dragonfly names); `server`, `replication` and `persistence` are read.
+/// Dragonfly names); `server`, `replication`, `persistence` and `keyspace`
+/// (a line per database: what a restarted server still holds) are read.
 fn is_unread_section(name: &str) -> bool {
     const UNREAD: &[&str] = &[
         "clients",
@@ -250,7 +272,6 @@ fn is_unread_section(name: &str) -> bool {
         "errorstats",
         "commandstats",
         "latencystats",
-        "keyspace",
         "cluster",
     ];
     UNREAD.iter().any(|u| name.eq_ignore_ascii_case(u))
@@ -277,7 +298,12 @@ pub fn parse_info(text: &str) -> InfoSnapshot {
     // `str::lines` also strips the `\r` of CRLF line ends.
     for line in text.lines() {
         if let Some(header) = line.strip_prefix('#') {
-            skipping = is_unread_section(header.trim());
+            let header = header.trim();
+            skipping = is_unread_section(header);
+            if header.eq_ignore_ascii_case("keyspace") {
+                // An empty keyspace section is an empty server.
+                snap.keys.get_or_insert(0);
+            }
             continue;
         }
         if skipping {
@@ -288,7 +314,7 @@ pub fn parse_info(text: &str) -> InfoSnapshot {
         // of the sections that are read are passed over unsplit.
         if !matches!(
             line.as_bytes().first(),
-            Some(b'r' | b'v' | b'd' | b's' | b'm' | b'c' | b'l')
+            Some(b'r' | b'v' | b'd' | b's' | b'm' | b'c' | b'l' | b'u')
         ) {
             continue;
         }
@@ -319,7 +345,15 @@ pub fn parse_info(text: &str) -> InfoSnapshot {
             "master_repl_offset" => snap.master_offset = value.parse().ok(),
             "connected_slaves" => snap.connected_replicas = value.parse().ok(),
             "master_replid" if !value.is_empty() => snap.replid = Some(value.to_owned()),
+            "master_replid2" if value.bytes().any(|b| b != b'0') => {
+                snap.replid2 = Some(value.to_owned())
+            }
             "loading" => snap.loading = value == "1",
+            "uptime_in_seconds" => snap.uptime_secs = value.parse().ok(),
+            _ if is_db_key(key) => {
+                let keys = db_keys(value);
+                snap.keys = Some(snap.keys.unwrap_or(0) + keys);
+            }
             _ if is_replica_line_key(key) => {
                 if let Some(entry) = parse_replica_entry(value) {
                     snap.replicas.push(entry);
@@ -349,6 +383,21 @@ fn parse_role_name(value: &str) -> Role {
         "slave" | "replica" => Role::Replica,
         _ => Role::Unknown,
     }
+}
+
+/// `db0`, `db1`, ...: a line of `# Keyspace`.
+fn is_db_key(key: &str) -> bool {
+    key.strip_prefix("db")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The `keys=` of a keyspace line (`keys=3,expires=0,avg_ttl=0`).
+fn db_keys(value: &str) -> u64 {
+    value
+        .split(',')
+        .find_map(|f| f.trim().strip_prefix("keys="))
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(0)
 }
 
 /// `slave0`, `slave1`, ... but not `slave_repl_offset` and friends.
@@ -836,8 +885,13 @@ mod tests {
     fn sections_without_fields_picket_reads_are_skipped_and_the_rest_read() {
         let text = "# Server\r\nredis_version:7.2.4\r\n# Memory\r\nrole:slave\r\nused_memory:1\r\n\
                     # Replication\r\nrole:master\r\nconnected_slaves:0\r\n# Stats\r\nloading:1\r\n\
-                    # Persistence\r\nloading:0\r\n# Keyspace\r\nmaster_replid:nope\r\n";
+                    # Persistence\r\nloading:0\r\n# Cluster\r\nmaster_replid:nope\r\n\
+                    # Keyspace\r\ndb0:keys=3,expires=0,avg_ttl=0\r\ndb2:keys=4,expires=1,avg_ttl=9\r\n";
         let i = parse_info(text);
+        // Every database's keys, summed: what a restarted server holds.
+        assert_eq!(i.keys, Some(7));
+        assert_eq!(parse_info("# Keyspace\r\n").keys, Some(0));
+        assert_eq!(parse_info("# Replication\r\nrole:master\r\n").keys, None);
         assert_eq!(i.role, Role::Master);
         assert_eq!(i.version.as_deref(), Some("7.2.4"));
         assert_eq!(i.connected_replicas, Some(0));

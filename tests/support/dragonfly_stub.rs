@@ -12,9 +12,21 @@
 //! `+OK`. `FAILOVER` and `CLIENT KILL TYPE` fail as on Dragonfly.
 //!
 //! Stubs live in a [`StubWorld`], which plays the network between them:
-//! a replica's link is up while its master runs and is a master, and every
-//! write on a master is applied to its running replicas at once (stable
-//! sync). Every command each stub receives is recorded for assertions.
+//! a replica's link is up while its master runs, is a master and is in the
+//! replica's replication history (same `master_replid`), and every write on
+//! a master is applied to the replicas linked to it at once (stable sync).
+//! Every command each stub receives is recorded for assertions.
+//!
+//! A master that exits ([`DragonflyStub::kill`]: its connections closed,
+//! its port refused) and comes back ([`DragonflyStub::restart_empty_master`])
+//! is a new process as a real Dragonfly shows it: a new `master_replid`,
+//! `uptime_in_seconds` from 0, no keys. Its replicas then behave as a real
+//! Dragonfly replica does when it reconnects to a master with another
+//! replication id: by default (`--break_replication_on_master_restart=false`)
+//! it takes a full copy of it [`StubWorld::resync_after`] the restart
+//! (1 s here; about 2 s were measured on a real one) and drops what it
+//! held; with the flag ([`StubWorld::break_replication_on_master_restart`])
+//! it stays a replica with its link down and keeps its data.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -83,6 +95,8 @@ struct State {
     lsn: u64,
     commands: Vec<Vec<String>>,
     pid: u32,
+    /// When this process started (`uptime_in_seconds`).
+    started: std::time::Instant,
 }
 
 struct Node {
@@ -132,6 +146,10 @@ struct WorldInner {
     rt: Option<tokio::runtime::Runtime>,
     nodes: Mutex<HashMap<SocketAddr, Arc<Node>>>,
     next_id: Mutex<u64>,
+    /// How a replica treats a master with another replication id: None,
+    /// it keeps its data (`--break_replication_on_master_restart`); Some,
+    /// it takes a full copy that long after the master started.
+    resync_after: Mutex<Option<Duration>>,
 }
 
 /// The stubs of one test and the runtime that serves them. Dropping it
@@ -162,12 +180,81 @@ impl StubWorld {
             .enable_all()
             .build()
             .unwrap_or_else(|e| panic!("stub runtime: {e}"));
-        StubWorld {
+        let world = StubWorld {
             inner: Arc::new(WorldInner {
                 rt: Some(rt),
                 nodes: Mutex::new(HashMap::new()),
                 next_id: Mutex::new(0),
+                resync_after: Mutex::new(Some(Duration::from_secs(1))),
             }),
+        };
+        // The replicas' reconnects, as a real replica retries its master.
+        let weak = Arc::downgrade(&world.inner);
+        world.rt().spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let Some(inner) = weak.upgrade() else { return };
+                StubWorld { inner }.resync_replicas();
+            }
+        });
+        world
+    }
+
+    /// A replica of a master that restarted (a new replication id) takes
+    /// a full copy of it `after` the restart, dropping what it held.
+    pub fn resync_after(&self, after: Duration) {
+        *self
+            .inner
+            .resync_after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(after);
+    }
+
+    /// `--break_replication_on_master_restart=true`: a replica never
+    /// resyncs from a master with another replication id on its own.
+    pub fn break_replication_on_master_restart(&self) {
+        *self
+            .inner
+            .resync_after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Replicas whose running master has another replication id than
+    /// theirs and has been up for `resync_after`: a full copy of it.
+    fn resync_replicas(&self) {
+        let Some(after) = *self
+            .inner
+            .resync_after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        else {
+            return;
+        };
+        let nodes: Vec<Arc<Node>> = self.nodes().values().cloned().collect();
+        for r in nodes.iter().filter(|n| n.is_running()) {
+            let (master, replid) = {
+                let s = r.state();
+                match s.role {
+                    Role::Replica(m) => (m, s.replid.clone()),
+                    Role::Master => continue,
+                }
+            };
+            let Some(m) = self.node(master).filter(|m| m.is_running()) else {
+                continue;
+            };
+            // A copy, so that no two stubs' locks are ever held together.
+            let copy = {
+                let s = m.state();
+                (s.role == Role::Master && s.replid != replid && s.started.elapsed() >= after)
+                    .then(|| (s.data.clone(), s.lsn, s.replid.clone()))
+            };
+            if let Some((data, lsn, replid)) = copy {
+                let mut s = r.state();
+                s.data = data;
+                s.lsn = lsn;
+                s.replid = replid;
+            }
         }
     }
 
@@ -228,6 +315,7 @@ impl StubWorld {
                 lsn: 0,
                 commands: Vec::new(),
                 pid: 40_000 + u32::try_from(id).unwrap_or(0),
+                started: std::time::Instant::now(),
             }),
             running: Mutex::new(None),
             conns: Mutex::new(CancellationToken::new()),
@@ -296,6 +384,22 @@ impl DragonflyStub {
         self.node.state().data.len()
     }
 
+    /// Write `n` keys (`key:0` ...) as one client's writes would be,
+    /// applied to the linked replicas too.
+    pub fn load(&self, n: usize) {
+        for i in 0..n {
+            self.write(|d| {
+                d.insert(format!("key:{i}"), "value".into());
+            });
+        }
+    }
+
+    /// The process dies (`kill -9`): its connections are closed and its
+    /// port refuses new ones until [`DragonflyStub::restart_empty_master`].
+    pub fn kill(&self) {
+        self.node.stop();
+    }
+
     /// Start again after an exit, as a supervisor would: an empty master on
     /// the same address.
     pub fn restart_empty_master(&self) {
@@ -312,6 +416,7 @@ impl DragonflyStub {
             s.lsn = 0;
             s.replid = self.world.new_replid();
             s.pid += 1000;
+            s.started = std::time::Instant::now();
         }
         self.serve(listener);
     }
@@ -589,23 +694,36 @@ impl DragonflyStub {
     }
 
     fn link_up(&self, master: SocketAddr) -> bool {
-        self.world
-            .node(master)
-            .is_some_and(|n| n.is_running() && n.state().role == Role::Master)
+        let replid = self.node.state().replid.clone();
+        self.world.node(master).is_some_and(|n| {
+            n.is_running() && {
+                let s = n.state();
+                s.role == Role::Master && s.replid == replid
+            }
+        })
     }
 
     fn info(&self, section: Option<&str>) -> String {
         // A copy, so that no two stubs' locks are ever held together.
-        let (role, replid, lsn, pid) = {
+        let (role, replid, lsn, pid, uptime, keys) = {
             let s = self.node.state();
-            (s.role.clone(), s.replid.clone(), s.lsn, s.pid)
+            (
+                s.role.clone(),
+                s.replid.clone(),
+                s.lsn,
+                s.pid,
+                s.started.elapsed().as_secs(),
+                s.data.len(),
+            )
         };
         let server = format!(
             "# Server\r\nredis_version:7.4.0\r\ndragonfly_version:df-dev\r\nredis_mode:standalone\r\n\
              arch_bits:64\r\nprocess_id:{}\r\nos:Linux 6.18.44 x86_64\r\nthread_count:2\r\n\
-             multiplexing_api:iouring\r\ntcp_port:{}\r\n",
+             multiplexing_api:iouring\r\ntcp_port:{}\r\nuptime_in_seconds:{uptime}\r\n\
+             uptime_in_days:{}\r\n",
             pid,
-            self.addr().port()
+            self.addr().port(),
+            uptime / 86_400
         );
         let replication = match role {
             Role::Master => {
@@ -637,13 +755,19 @@ impl DragonflyStub {
             ),
         };
         let persistence = "# Persistence\r\nloading:0\r\nload_state:done\r\n".to_string();
+        let keyspace = if keys > 0 {
+            format!("# Keyspace\r\ndb0:keys={keys},expires=0,avg_ttl=-1\r\n")
+        } else {
+            "# Keyspace\r\n".to_string()
+        };
         match section.map(str::to_lowercase).as_deref() {
             None | Some("all") | Some("default") | Some("everything") => {
-                format!("{server}\r\n{replication}\r\n{persistence}")
+                format!("{server}\r\n{replication}\r\n{persistence}\r\n{keyspace}")
             }
             Some("server") => server,
             Some("replication") => replication,
             Some("persistence") => persistence,
+            Some("keyspace") => keyspace,
             Some(_) => String::new(),
         }
     }
@@ -693,6 +817,9 @@ impl StubWorld {
             .filter(|n| n.state().role == Role::Replica(master))
             .cloned()
             .collect();
+        // Only those in the master's history are linked to it.
+        let replid = self.node(master).map(|m| m.state().replid.clone());
+        v.retain(|n| Some(&n.state().replid) == replid.as_ref());
         v.sort_by_key(|n| n.addr);
         v
     }
