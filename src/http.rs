@@ -101,8 +101,8 @@ pub struct LbVerdict {
     /// 200: route to it; 404: no such group; 503: do not.
     pub code: u16,
     /// One line: a keyword (`master`, `replica`, `failover`, `down`,
-    /// `no-quorum`, `stale`, `starting`, `tilt`, `unknown-role`,
-    /// `unknown-group`), then the details.
+    /// `no-quorum`, `stale`, `starting`, `tilt`, `unknown-group`), then
+    /// the details.
     pub body: String,
 }
 
@@ -121,8 +121,6 @@ pub struct LbFacts {
     /// The failover under way (if any) has published its candidate as
     /// the master already and is only re-pointing the replicas.
     pub failover_published: bool,
-    /// The role the master reports in its last INFO.
-    pub master_role: crate::probe::Role,
     /// Daemons heard from recently, this one included.
     pub heard: usize,
     /// All daemons.
@@ -130,6 +128,16 @@ pub struct LbFacts {
     /// A reachable peer that holds a higher config epoch (its id or
     /// address, and that epoch).
     pub newer_peer: Option<(String, u64)>,
+    /// This daemon voted, less than `failover_timeout` ago, in an epoch
+    /// above the group's config epoch: a failover is being decided
+    /// elsewhere (its leader asked for the vote), even if this daemon
+    /// still sees the master up.
+    pub pending_vote: Option<u64>,
+    /// Milliseconds since this daemon's last valid reply from the master,
+    /// as of the view.
+    pub master_silent_ms: u64,
+    /// The group's `down_after`, in milliseconds.
+    pub down_after_ms: u64,
 }
 
 impl LbFacts {
@@ -157,22 +165,56 @@ impl LbFacts {
                 .failover
                 .as_ref()
                 .is_some_and(|f| f.candidate.as_ref() == Some(&v.master)),
-            master_role: v
-                .master_view()
-                .map_or(crate::probe::Role::Unknown, |m| m.role),
             heard: v.reachable_daemons(),
             daemons: v.daemons,
             newer_peer,
+            pending_vote: None,
+            // As of the view: a silent master's failed PINGs rebuild it;
+            // a healthy one's replies do not (it is rebuilt once a second
+            // for its ages), which can only make this smaller than the
+            // truth: noticed later, never wrongly.
+            master_silent_ms: v.master_view().map_or(0, |i| i.last_ok_ping_ms),
+            down_after_ms: v.down_after_ms,
         }
     }
 }
 
+/// When the check first saw each daemon's vote for an epoch above its
+/// group's config epoch, by (daemon id, group): such a vote holds the
+/// master back for at most `failover_timeout`, so that an election that
+/// never completes does not take the master out of the load balancers for
+/// good. Kept here, not in the group's state: only the check needs it, and
+/// a restarted daemon simply starts afresh.
+type VotesSeen = std::collections::HashMap<(String, String), (u64, std::time::Instant)>;
+static VOTES_SEEN: std::sync::LazyLock<std::sync::Mutex<VotesSeen>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The epoch of a recent vote of this daemon for a newer config of `v`.
+fn pending_vote(daemon: &str, v: &GroupView, now: std::time::Instant) -> Option<u64> {
+    let mut seen = VOTES_SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (daemon.to_string(), v.name.clone());
+    if v.voted_epoch <= v.config_epoch {
+        seen.remove(&key);
+        return None;
+    }
+    let first = seen.entry(key).or_insert((v.voted_epoch, now));
+    if first.0 != v.voted_epoch {
+        *first = (v.voted_epoch, now);
+    }
+    let window = std::time::Duration::from_millis(v.failover_timeout_ms);
+    (now.saturating_duration_since(first.1) < window).then_some(v.voted_epoch)
+}
+
 /// The load-balancer rule: 200 only for the master this daemon holds at
 /// its config epoch while nothing suggests that it is being replaced;
-/// 503 as soon as anything does (this daemon sees it down, a failover
-/// runs, this daemon hears no majority of the daemons and may be behind,
-/// a peer holds a newer epoch, the master reports another role). Each
-/// daemon answers for itself: the load balancer asks several.
+/// 503 as soon as anything does (this daemon sees it down or has not
+/// heard it for half of `down_after`, a failover runs or it voted for one,
+/// this daemon hears no majority of the daemons and may be behind, a peer
+/// holds a newer epoch). Each daemon answers for itself: the load balancer
+/// asks several. The role the server reports is not asked for:
+/// the INFO that shows a promoted replica as a master comes up to a
+/// second after its publication, and a server that reports `role:slave`
+/// refuses writes itself (nothing is lost by routing to it).
 pub fn lb_verdict(f: &LbFacts) -> LbVerdict {
     use crate::group::view::GroupStatus as S;
     let no = |why: String| LbVerdict {
@@ -196,6 +238,21 @@ pub fn lb_verdict(f: &LbFacts) -> LbVerdict {
         }
         S::Failover | S::Ok => {}
     }
+    // Half of down_after without a reply (the probes ask every quarter):
+    // the master may be cut off, and the daemons may be about to replace
+    // it; the balancer must have stopped sending it writes by then.
+    if f.master_silent_ms > f.down_after_ms / 2 {
+        return no(format!(
+            "down: no reply from {} for {} ms (down_after {} ms)",
+            f.master, f.master_silent_ms, f.down_after_ms
+        ));
+    }
+    if let Some(epoch) = f.pending_vote {
+        return no(format!(
+            "failover: this daemon voted in epoch {epoch} to replace {}",
+            f.master
+        ));
+    }
     let majority = f.daemons / 2 + 1;
     if f.heard < majority {
         return no(format!(
@@ -207,12 +264,6 @@ pub fn lb_verdict(f: &LbFacts) -> LbVerdict {
         return no(format!(
             "stale: daemon {peer} holds config epoch {epoch}, this one {}",
             f.config_epoch
-        ));
-    }
-    if f.master_role != crate::probe::Role::Master {
-        return no(format!(
-            "unknown-role: {} does not report role:master (yet)",
-            f.master
         ));
     }
     LbVerdict {
@@ -234,7 +285,10 @@ async fn lb_handler(
         .get(&group)
         .map(|h| h.view.borrow().clone());
     let verdict = match view {
-        Some(v) => lb_verdict(&LbFacts::of(&v, &server)),
+        Some(v) => lb_verdict(&LbFacts {
+            pending_vote: pending_vote(&d.ctx.id, &v, std::time::Instant::now()),
+            ..LbFacts::of(&v, &server)
+        }),
         None => LbVerdict {
             code: 404,
             body: format!("unknown-group: no group {group:?}\n"),
@@ -400,7 +454,6 @@ impl axum::serve::Listener for TlsListener {
 mod tests {
     use super::*;
     use crate::group::view::GroupStatus;
-    use crate::probe::Role;
 
     fn healthy() -> LbFacts {
         LbFacts {
@@ -409,10 +462,12 @@ mod tests {
             config_epoch: 7,
             status: GroupStatus::Ok,
             failover_published: false,
-            master_role: Role::Master,
             heard: 3,
             daemons: 3,
             newer_peer: None,
+            pending_vote: None,
+            master_silent_ms: 200,
+            down_after_ms: 1000,
         }
     }
 
@@ -514,24 +569,24 @@ mod tests {
             ),
             (
                 LbFacts {
+                    pending_vote: Some(8),
+                    ..healthy()
+                },
+                "failover",
+            ),
+            (
+                LbFacts {
+                    master_silent_ms: 501,
+                    ..healthy()
+                },
+                "down",
+            ),
+            (
+                LbFacts {
                     newer_peer: Some(("picket-b".into(), 8)),
                     ..healthy()
                 },
                 "stale",
-            ),
-            (
-                LbFacts {
-                    master_role: Role::Replica,
-                    ..healthy()
-                },
-                "unknown-role",
-            ),
-            (
-                LbFacts {
-                    master_role: Role::Unknown,
-                    ..healthy()
-                },
-                "unknown-role",
             ),
         ];
         for (facts, want) in cases {

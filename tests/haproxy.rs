@@ -256,6 +256,32 @@ fn cpu_ticks(cluster: &PicketCluster, window: Duration) -> Vec<u64> {
         .collect()
 }
 
+/// Poll every daemon's check for `server` every 5 ms for `span` from
+/// `from`: when each first answered something else than 200.
+fn watch_lb(
+    http: &[SocketAddr],
+    server: SocketAddr,
+    from: Instant,
+    span: Duration,
+) -> std::thread::JoinHandle<Vec<Option<Duration>>> {
+    let http = http.to_vec();
+    std::thread::spawn(move || {
+        let mut failed: Vec<Option<Duration>> = vec![None; http.len()];
+        while from.elapsed() < span && failed.iter().any(Option::is_none) {
+            for (i, h) in http.iter().enumerate() {
+                if failed[i].is_none()
+                    && http_get(*h, &format!("/v1/lb/{GROUP}/{server}"))
+                        .is_ok_and(|(c, _)| c != 200)
+                {
+                    failed[i] = Some(from.elapsed());
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        failed
+    })
+}
+
 fn server_mut(topo: &mut Topology, addr: SocketAddr) -> &mut RedisServer {
     if topo.master.addr() == addr {
         return &mut topo.master;
@@ -315,6 +341,7 @@ fn writes_through_haproxy_follow_picket_across_a_kill_and_an_isolation() {
 
     // 1. kill -9 of the master, then its return.
     let killed = Instant::now();
+    let watch = watch_lb(&http, m0, killed, Duration::from_secs(3));
     topo.master.kill9();
     let published_kill = wait_published(&cluster, m0, killed + Duration::from_secs(30))
         .map(|t| t.duration_since(killed));
@@ -330,6 +357,7 @@ fn writes_through_haproxy_follow_picket_across_a_kill_and_an_isolation() {
             })
         },
     );
+    let lb_kill = watch.join().unwrap();
     let returned = Instant::now();
     topo.master.restart();
     wait_for(
@@ -344,7 +372,7 @@ fn writes_through_haproxy_follow_picket_across_a_kill_and_an_isolation() {
     let lost_return_picket = lost(m1, w_picket.prefix, &w_picket.acked(), returned);
     let lost_return_usual = lost(m1, w_usual.prefix, &w_usual.acked(), returned);
     eprintln!(
-        "FIGURE kill -9: new master published {published_kill:?} after the kill; longest write gap picket check {gap_picket:?}, tcp-check role:master {gap_usual:?}; \
+        "FIGURE kill -9: picket's check failed for the old master after {lb_kill:?} (each daemon); new master published {published_kill:?} after the kill; longest write gap picket check {gap_picket:?}, tcp-check role:master {gap_usual:?}; \
          writes lost to the returning old master: picket {lost_return_picket}, tcp-check {lost_return_usual}"
     );
     assert!(
@@ -367,9 +395,11 @@ fn writes_through_haproxy_follow_picket_across_a_kill_and_an_isolation() {
     let part = Partition::new().unwrap_or_else(|e| panic!("iptables: {e}"));
     part.isolate(m1, &[source], &daemons_resp).unwrap();
     let cut = Instant::now();
+    let watch = watch_lb(&http, m1, cut, Duration::from_secs(3));
     let published = wait_published(&cluster, m1, cut + Duration::from_secs(20));
     std::thread::sleep((cut + Duration::from_secs(20)).saturating_duration_since(Instant::now()));
     part.heal().unwrap();
+    let lb_iso = watch.join().unwrap();
     let published = published.unwrap_or_else(|| {
         panic!(
             "no new master published within 20 s of the isolation\n{}",
@@ -390,7 +420,7 @@ fn writes_through_haproxy_follow_picket_across_a_kill_and_an_isolation() {
     let after_cut_usual = lost(m2, "u:", &acked_usual, cut);
     let gap_iso_picket = longest_gap(&acked_picket, cut, cut + Duration::from_secs(20));
     eprintln!(
-        "FIGURE isolation 20 s: new master published {:?} after the cut; writes acknowledged by the isolated \
+        "FIGURE isolation 20 s: picket's check failed for the isolated master after {lb_iso:?} (each daemon); new master published {:?} after the cut; writes acknowledged by the isolated \
          master after the publication: picket check {after_pub_picket}, tcp-check role:master {after_pub_usual}; \
          since the cut: picket {after_cut_picket}, tcp-check {after_cut_usual}; longest gap through picket's check {gap_iso_picket:?}",
         published.duration_since(cut)

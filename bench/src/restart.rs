@@ -143,8 +143,8 @@ pub async fn restart_run(
     let old = c.addrs[0].clone();
     fill(&old, keys).await?;
     let deadline = Instant::now() + Duration::from_secs(20);
-    for r in c.addrs[1..].to_vec() {
-        while dbsize(&r).await != Some(keys) {
+    for r in &c.addrs[1..] {
+        while dbsize(r).await != Some(keys) {
             anyhow::ensure!(Instant::now() < deadline, "{r} did not get the keys");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
