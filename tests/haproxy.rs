@@ -15,7 +15,10 @@
 //!    final master does not hold (acknowledged by the isolated one).
 //!
 //! The figures are printed (`FIGURE`); the assertions hold picket's check to
-//! its promises with bounds generous enough for a loaded machine.
+//! its promises with bounds generous enough for a loaded machine: a gap
+//! within `down_after` + 500 ms, no write lost to the returning master, at
+//! most one check interval of writes to the isolated master after the
+//! publication (measured: none), far fewer than the usual check's.
 //!
 //! A second test has HAProxy check a TLS `http_listen` (`check-ssl`) and
 //! follow a planned switchover without losing a write.
@@ -376,8 +379,8 @@ fn writes_through_haproxy_follow_picket_across_a_kill_and_an_isolation() {
          writes lost to the returning old master: picket {lost_return_picket}, tcp-check {lost_return_usual}"
     );
     assert!(
-        gap_picket <= Duration::from_secs(5),
-        "longest gap through picket's check {gap_picket:?}"
+        gap_picket <= Duration::from_millis(1500),
+        "longest gap through picket's check {gap_picket:?}: the target is down_after + 500 ms"
     );
     assert_eq!(
         lost_return_picket, 0,
@@ -425,9 +428,13 @@ fn writes_through_haproxy_follow_picket_across_a_kill_and_an_isolation() {
          since the cut: picket {after_cut_picket}, tcp-check {after_cut_usual}; longest gap through picket's check {gap_iso_picket:?}",
         published.duration_since(cut)
     );
-    assert_eq!(
-        after_pub_picket, 0,
-        "writes acknowledged through picket's check by the isolated master after the publication"
+    // Measured 0 (docs/haproxy.md). The daemons stop answering 200 for
+    // the isolated master before the publication, but by a margin of the
+    // order of HAProxy's check interval: the test holds the structural
+    // bound, one interval of writes (10), not the measured figure.
+    assert!(
+        after_pub_picket <= 10,
+        "{after_pub_picket} writes acknowledged through picket's check by the isolated master after the publication"
     );
     // The usual check cannot tell: the comparison shows the difference.
     assert!(
