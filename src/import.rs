@@ -908,6 +908,13 @@ pub fn plan(sources: Vec<Source>, opts: PlanOptions) -> Result<Plan, ImportError
             )));
         }
     }
+    for src in sources.iter().filter(|s| s.announce_ip.is_some() && !opts.bind_any) {
+        skipped.push(Skipped {
+            source: src.name.clone(),
+            setting: "sentinel announce-ip".into(),
+            why: "each daemon listens on the announced address itself; if it is not local (NAT), import with --bind-any (listen on 0.0.0.0, announce it)".into(),
+        });
+    }
     if n == 2 {
         skipped.push(Skipped {
             source: first.name.clone(),
