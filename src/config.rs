@@ -202,9 +202,10 @@ pub struct GroupConfig {
     /// How long connections to an instance must be refused (its process
     /// gone on a host that answers) before this daemon sees it down without
     /// waiting for the rest of `down_after`. At most `down_after`; equal
-    /// to it, refusals count only as silence.
-    #[serde(with = "humantime_serde", default = "default_down_after_refused")]
-    pub down_after_refused: Duration,
+    /// to it, refusals count only as silence. Unset: 100 ms, or
+    /// `down_after` when that is shorter ([`GroupConfig::down_after_refused`]).
+    #[serde(with = "humantime_serde::option", default)]
+    pub down_after_refused: Option<Duration>,
     /// Deadline of a failover attempt; also the pause between two attempts.
     #[serde(with = "humantime_serde", default = "default_failover_timeout")]
     pub failover_timeout: Duration,
@@ -538,9 +539,6 @@ fn default_max_clients() -> usize {
 fn default_down_after() -> Duration {
     Duration::from_secs(5)
 }
-fn default_down_after_refused() -> Duration {
-    Duration::from_millis(100)
-}
 fn default_failover_timeout() -> Duration {
     Duration::from_secs(60)
 }
@@ -645,6 +643,14 @@ impl DaemonConfig {
 }
 
 impl GroupConfig {
+    /// `down_after_refused` as configured, else 100 ms (at most
+    /// `down_after`).
+    pub fn down_after_refused(&self) -> Duration {
+        self.down_after_refused
+            .unwrap_or(Duration::from_millis(100))
+            .min(self.down_after)
+    }
+
     /// The probe period derived from `down_after`: a quarter of it, between
     /// 20 ms and 1 s, so that detection costs little more than `down_after`.
     pub fn ping_period(&self) -> Duration {
@@ -1539,8 +1545,10 @@ impl GroupConfig {
             );
         }
         v.positive(format!("{key}.down_after"), self.down_after);
-        v.positive(format!("{key}.down_after_refused"), self.down_after_refused);
-        if self.down_after_refused > self.down_after {
+        if let Some(refused) = self.down_after_refused {
+            v.positive(format!("{key}.down_after_refused"), refused);
+        }
+        if self.down_after_refused.is_some_and(|r| r > self.down_after) {
             v.add(
                 format!("{key}.down_after_refused"),
                 format!(

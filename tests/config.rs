@@ -394,6 +394,37 @@ down_after = "0s"
         reason: "must be greater than 0",
     },
     Bad {
+        what: "down_after_refused longer than down_after",
+        toml: r#"
+[daemon]
+
+[[group]]
+name = "cache"
+master = "127.0.0.5:6379"
+quorum = 1
+down_after = "1s"
+down_after_refused = "2s"
+"#,
+        key: "group[0].down_after_refused",
+        line: 8,
+        reason: "must be at most down_after (1s)",
+    },
+    Bad {
+        what: "down_after_refused 0",
+        toml: r#"
+[daemon]
+
+[[group]]
+name = "cache"
+master = "127.0.0.5:6379"
+quorum = 1
+down_after_refused = "0s"
+"#,
+        key: "group[0].down_after_refused",
+        line: 7,
+        reason: "must be greater than 0",
+    },
+    Bad {
         what: "failover_timeout shorter than down_after",
         toml: r#"
 [daemon]
@@ -1552,7 +1583,7 @@ fn example_config_has_every_key() {
             master: picket::addr::Addr::new("x", 1),
             quorum: 1,
             down_after: d,
-            down_after_refused: d,
+            down_after_refused: Some(d),
             failover_timeout: d,
             parallel_syncs: 1,
             flush_on_failover: true,

@@ -36,6 +36,7 @@ const API_REASONS: &[&str] = &[
 ];
 const WRITE_RESULTS: &[&str] = &["ok", "stale", "transient", "permanent"];
 const PROBE_KINDS: &[&str] = &["refused", "connect", "timeout", "io", "closed"];
+const SDOWN_REASONS: &[&str] = &["silence", "refused", "reboot"];
 
 /// One expected series: name, labels, and whether it must be 0 on a fresh
 /// daemon (counters of events that cannot have happened yet).
@@ -92,6 +93,13 @@ fn expected(groups: &[(&str, Vec<String>)], backends: &[&str], peer: &str) -> Ve
         }
         for name in ["picket_votes_granted_total", "picket_demotions_total"] {
             out.push(series(name, &[("group", g)], true));
+        }
+        for r in SDOWN_REASONS {
+            out.push(series(
+                "picket_sdown_total",
+                &[("group", g), ("reason", r)],
+                true,
+            ));
         }
         for r in FAILOVER_RESULTS {
             out.push(series(
@@ -161,6 +169,7 @@ fn expected(groups: &[(&str, Vec<String>)], backends: &[&str], peer: &str) -> Ve
                     true,
                 ));
             }
+            out.push(series("picket_instance_reboots_total", &gs, true));
             histogram(&mut out, "picket_probe_duration_seconds", &gs, false);
         }
     }
@@ -295,6 +304,7 @@ fn a_fresh_daemon_exports_every_series_the_rules_and_the_dashboard_read() {
                     "result" if n.starts_with("picket_failovers") => FAILOVER_RESULTS,
                     "result" if n.starts_with("picket_elections") => ELECTION_RESULTS,
                     "result" => WRITE_RESULTS,
+                    "reason" if n.starts_with("picket_sdown") => SDOWN_REASONS,
                     "reason" => API_REASONS,
                     "kind" => PROBE_KINDS,
                     _ => continue,

@@ -225,6 +225,21 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_that_copied_a_restarted_master_is_never_chosen() {
+        // It has the higher offset, but in the restarted master's new
+        // history: what it holds is that server's copy.
+        let mut copied = replica(1, Some(100), Some(900));
+        copied.copied_restarted_master = true;
+        let cs = vec![copied, replica(2, Some(100), Some(500))];
+        let sel = select(&cs, &limits());
+        assert_eq!(sel.chosen, Some(Addr::new("127.0.0.1", 2)));
+        assert_eq!(
+            sel.excluded,
+            vec![(Addr::new("127.0.0.1", 1), Exclusion::CopiedRestartedMaster)]
+        );
+    }
+
+    #[test]
     fn unknown_offset_is_not_zero_and_ranks_last() {
         let cs = vec![replica(1, None, None), replica(2, None, Some(0))];
         // A known offset of 0 beats an unknown one.

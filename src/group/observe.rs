@@ -290,10 +290,10 @@ impl Group {
             info_period: INFO_FAST.max(ping),
             ping_timeout: self.cfg.down_after.max(Duration::from_millis(100)),
             client: self.client.clone(),
-            reconnect_fast: reconnect_fast(self.cfg.down_after_refused),
+            reconnect_fast: reconnect_fast(self.cfg.down_after_refused()),
             // Long enough to see a restarted server before its replicas
             // reconnect to it (Redis retries once a second).
-            reconnect_fast_for: (self.cfg.down_after + self.cfg.down_after_refused)
+            reconnect_fast_for: (self.cfg.down_after + self.cfg.down_after_refused())
                 .max(Duration::from_secs(2)),
         };
         let probe = probe::spawn(settings, self.probe_tx.clone());
@@ -308,7 +308,7 @@ impl Group {
                 addr: addr.clone(),
                 server,
                 probe: Some(probe),
-                sdown: Sdown::new(self.cfg.down_after, self.cfg.down_after_refused, now),
+                sdown: Sdown::new(self.cfg.down_after, self.cfg.down_after_refused(), now),
                 connected: false,
                 connected_at: None,
                 last_reply: None,
@@ -752,7 +752,7 @@ impl Group {
             // its INFO and judge it on their own evidence, or they would
             // see only silence and fail it over only after down_after.
             // Replicas reconnect far less often (Redis: once a second).
-            let delay = reconnect_fast(self.cfg.down_after_refused) + Duration::from_millis(5);
+            let delay = reconnect_fast(self.cfg.down_after_refused()) + Duration::from_millis(5);
             self.effects.spawn(async move {
                 tokio::time::sleep(delay).await;
                 match ops.pause_all(&target, pause).await {

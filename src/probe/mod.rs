@@ -374,7 +374,10 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
             // on the grid, and the period does not drift by a grain.
             let due = next_ping + s.ping_period;
             next_ping = on_grid(if due > now { due } else { now + s.ping_period }, grain);
-            ping_round(&s, c, &tx, &duration, &ctl, &mut reported_ok).await
+            // Boxed: with the race against a late reply its future is
+            // large, and inline it made every probe's task that large for
+            // its life (an allocation per PING instead).
+            Box::pin(ping_round(&s, c, &tx, &duration, &ctl, &mut reported_ok)).await
         } else {
             let wake = next_ping.min(next_info);
             if sleep.deadline() != wake {
@@ -475,7 +478,31 @@ async fn ping_round(
     reported_ok: &mut bool,
 ) -> Result<bool, RespError> {
     let start = Instant::now();
-    let reply = c.call_timeout(["PING"], s.ping_timeout).await;
+    // A reply later than a PING period is raced by a PING on a fresh
+    // connection (boxed: made only then): on a lossy link one lost segment
+    // stalls this connection for the retransmission timeouts (200, 400,
+    // 800 ms ...), while another connection's packets get through. The
+    // connection that answers first is kept.
+    let (reply, fresh) = {
+        let main = c.call_timeout(["PING"], s.ping_timeout);
+        tokio::pin!(main);
+        let late = tokio::time::sleep(s.ping_period);
+        tokio::pin!(late);
+        tokio::select! {
+            r = &mut main => (r, None),
+            _ = &mut late => {
+                let hedge = Box::pin(hedge_ping(s, s.ping_timeout.saturating_sub(start.elapsed())));
+                tokio::select! {
+                    r = &mut main => (r, None),
+                    Some((conn, r)) = hedge => (r, Some(conn)),
+                }
+            }
+        }
+    };
+    if let Some(f) = fresh {
+        // The old connection still owes a reply: it goes.
+        *c = f;
+    }
     let at = Instant::now();
     let valid = sdown::is_valid_ping_reply(&reply);
     let latency = at - start;
@@ -514,6 +541,23 @@ async fn ping_round(
     }
 }
 
+/// A PING on a new connection, answered validly within `within` (None
+/// otherwise): proof of life while the probe's own connection is stalled.
+async fn hedge_ping(
+    s: &ProbeSettings,
+    within: Duration,
+) -> Option<(
+    Connection,
+    Result<redis_protocol::resp2::types::BytesFrame, RespError>,
+)> {
+    let attempt = async {
+        let mut c = Connection::connect(&s.server, &s.client).await.ok()?;
+        let r = c.call(["PING"]).await;
+        sdown::is_valid_ping_reply(&r).then_some((c, r))
+    };
+    tokio::time::timeout(within, attempt).await.ok().flatten()
+}
+
 /// One INFO (all sections picket reads). Returns Ok(false) when the
 /// receiver is gone.
 async fn info_round(
@@ -534,9 +578,34 @@ async fn info_round(
     // `INFO` without arguments covers server, replication and persistence
     // on every flavour (Dragonfly does not accept several section names,
     // but one it does).
-    let reply = match known {
-        Some(_) => c.call_text(["INFO", "replication"]).await,
-        None => c.call_text(["INFO"]).await,
+    let reply = {
+        let main = async {
+            match known {
+                Some(_) => c.call_text(["INFO", "replication"]).await,
+                None => c.call_text(["INFO"]).await,
+            }
+        };
+        tokio::pin!(main);
+        let late = tokio::time::sleep(s.ping_period);
+        tokio::pin!(late);
+        tokio::select! {
+            r = &mut main => r,
+            _ = &mut late => {
+                // As for a late PING: a fresh connection's PING proves the
+                // server alive while the reply is on its way (or lost and
+                // being sent again); the reply is still waited for.
+                let hedge = Box::pin(hedge_ping(s, s.ping_timeout));
+                tokio::select! {
+                    r = &mut main => r,
+                    h = hedge => {
+                        if h.is_some() {
+                            ctl.last_valid.store(stamp(Instant::now()), Ordering::Relaxed);
+                        }
+                        main.await
+                    }
+                }
+            }
+        }
     };
     let text = match reply {
         Ok(t) => t,
