@@ -908,7 +908,10 @@ pub fn plan(sources: Vec<Source>, opts: PlanOptions) -> Result<Plan, ImportError
             )));
         }
     }
-    for src in sources.iter().filter(|s| s.announce_ip.is_some() && !opts.bind_any) {
+    for src in sources
+        .iter()
+        .filter(|s| s.announce_ip.is_some() && !opts.bind_any)
+    {
         skipped.push(Skipped {
             source: src.name.clone(),
             setting: "sentinel announce-ip".into(),
