@@ -68,15 +68,17 @@ impl Sentinel {
                 panic!("spawn redis-sentinel (apt-get install redis-sentinel): {e}")
             });
         let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
+        // Owned before the wait: a timeout's panic drops (and kills) it.
+        let sentinel = Sentinel {
+            addr,
+            dir,
+            child: Some(child),
+        };
         wait_for("redis-sentinel answers PING", READY_TIMEOUT, || {
             redis_cmd_auth(addr, Some(SENTINEL_PW), &["PING"])
                 .is_ok_and(|r| matches!(r, Reply::Status(ref s) if s == "PONG"))
         });
-        Sentinel {
-            addr,
-            dir,
-            child: Some(child),
-        }
+        sentinel
     }
 
     fn conf(&self) -> PathBuf {
