@@ -10,7 +10,8 @@
 //! - [`failover`]: the failover state machine and replica selection.
 //! - [`discovery`]: where the master is published (Kubernetes, exec, webhook, file).
 //! - [`api`]: the Sentinel-compatible RESP API and its events.
-//! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/v1/status`.
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz`, `/v1/status`, `/v1/lb/...`.
+//! - [`import`]: `picket import` from a Sentinel deployment.
 //! - [`metrics`]: every metric name in one place.
 //! - [`reload`]: SIGHUP re-reads the configuration.
 //! - [`service`]: systemd's notify protocol and watchdog.
@@ -26,6 +27,7 @@ mod failover;
 mod group;
 mod hello;
 mod http;
+pub mod import;
 mod metrics;
 pub mod probe;
 pub mod quorum;

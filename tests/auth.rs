@@ -11,7 +11,9 @@
 //!   plaintext probe listener work;
 //! - SIGHUP replaces the listener's certificate for new connections, and
 //!   refuses files that do not make one;
-//! - a single `password_file` alone still opens every command.
+//! - a single `password_file` alone still opens every command;
+//! - the load balancers' check answers the same over HTTPS and on the
+//!   plaintext probe listener, and the CLI takes either port over TLS.
 
 mod common;
 
@@ -528,4 +530,86 @@ fn a_single_password_still_opens_every_command() {
     let mut d = RespConn::connect(resp, CMD_TIMEOUT).unwrap();
     assert!(d.cmd(&["AUTH", "default", "only-pw"]).unwrap().is_ok());
     drop(picket);
+}
+
+/// GET `path` over HTTPS from `addr` (verified with `ca`): code and body.
+fn https_get(addr: SocketAddr, ca: &std::path::Path, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = common::tls::handshake(addr, client_config_files(ca, None), CMD_TIMEOUT).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: picket\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut raw = Vec::new();
+    // The server closes after an HTTP/1.0 reply; a TLS close without
+    // close_notify is an error here, with the reply already read.
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (code, body)
+}
+
+#[test]
+fn the_lb_check_and_the_cli_ports_over_tls() {
+    let s = setup();
+    let (m, r) = (s.topo.master.addr(), s.topo.replicas[0].addr());
+    // The load balancers' check, the same on the HTTPS listener and on the
+    // plaintext probe listener.
+    wait_for(
+        "the check to pass over HTTPS",
+        Duration::from_secs(10),
+        || https_get(s.https, &s.ca_file, &format!("/v1/lb/{GROUP}/{m}")).0 == 200,
+    );
+    let (code, body) = https_get(s.https, &s.ca_file, &format!("/v1/lb/{GROUP}/{r}"));
+    assert_eq!(code, 503, "{body}");
+    assert!(body.starts_with("replica"), "{body}");
+    assert_eq!(
+        http_get(s.probes, &format!("/v1/lb/{GROUP}/{m}")).unwrap(),
+        (200, format!("master {m} config epoch 0\n"))
+    );
+    assert_eq!(
+        http_get(s.probes, &format!("/v1/lb/{GROUP}/{r}"))
+            .unwrap()
+            .0,
+        503
+    );
+    // status given the RESP (TLS) port: which port it wants, and why.
+    let out = s.picket_cli(&["status", "--addr", &s.resp.to_string()], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        stderr.contains("RESP port") && stderr.contains("http_listen"),
+        "{stderr}"
+    );
+    // failover given the HTTPS port: the RESP port from /v1/status.
+    let out = s.picket_cli(
+        &[
+            "failover",
+            GROUP,
+            "--addr",
+            &s.https.to_string(),
+            "--user",
+            "ops",
+        ],
+        &[("PICKET_PASSWORD", "ops-pw")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}\n{}", s.picket.logs());
+    assert!(
+        stderr.contains(&format!("using the RESP port {}", s.resp)),
+        "{stderr}"
+    );
+    wait_for("the switchover", Duration::from_secs(30), || {
+        s.group()["master"] == r.to_string()
+    });
+    wait_for("the check to follow it", Duration::from_secs(10), || {
+        https_get(s.https, &s.ca_file, &format!("/v1/lb/{GROUP}/{r}")).0 == 200
+            && https_get(s.https, &s.ca_file, &format!("/v1/lb/{GROUP}/{m}")).0 == 503
+    });
 }

@@ -72,6 +72,7 @@ fn sighup_adds_changes_and_removes_groups() {
                     master: Some(a.addr().to_string().parse().unwrap()),
                     vote_epoch: 3,
                     voted_for: Some("reload-a".into()),
+                    known_replicas: Vec::new(),
                 },
             ),
             (
@@ -81,6 +82,7 @@ fn sighup_adds_changes_and_removes_groups() {
                     master: Some(b2.addr().to_string().parse().unwrap()),
                     vote_epoch: 4,
                     voted_for: Some("reload-a".into()),
+                    known_replicas: Vec::new(),
                 },
             ),
         ]),

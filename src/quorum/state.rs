@@ -106,6 +106,11 @@ pub struct GroupRecord {
     pub vote_epoch: u64,
     /// Whom it voted for in `vote_epoch` (a daemon id).
     pub voted_for: Option<String>,
+    /// Replicas to probe from the start, before the master lists them
+    /// (those a Sentinel knew, written by `picket import`): with the master
+    /// down at start-up they are what a failover can promote.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub known_replicas: Vec<Addr>,
 }
 
 impl GroupRecord {
