@@ -492,6 +492,17 @@ fn a_lossy_link_to_the_master_is_no_failover() {
     let mut sdowns = 0;
     while start.elapsed() < Duration::from_secs(secs) {
         std::thread::sleep(Duration::from_secs(1));
+        if std::env::var("PICKET_LOSSY_DEBUG").is_ok() {
+            for n in &s.cluster.nodes {
+                let m = n.metrics().unwrap_or_default();
+                let lines: Vec<&str> = m
+                    .lines()
+                    .filter(|l| l.contains(&master.to_string()) && (l.starts_with("picket_probe_errors_total") || l.starts_with("picket_probe_duration_seconds_count")))
+                    .filter(|l| !l.ends_with(" 0"))
+                    .collect();
+                eprintln!("{:?} {}: {lines:?}", start.elapsed(), n.id);
+            }
+        }
         for n in &s.cluster.nodes {
             assert_eq!(
                 n.count_event("+odown"),

@@ -543,7 +543,8 @@ enum Raced<T> {
 
 /// Await `own`, a request on the probe's connection; once it is later than
 /// a probe period, race it with PINGs on new connections, one more every
-/// probe period until `until`, each given until then. On a lossy link one
+/// probe period (two at most at a time) until `until`, each given until
+/// then. On a lossy link one
 /// lost segment holds a connection for TCP's retransmission timeouts (200,
 /// 400, 800 ms ...) and a lost SYN-ACK a new one for a second, while the
 /// packets of other connections get through: the server is not silent.
@@ -559,7 +560,10 @@ async fn race_late<F: std::future::Future>(
     let mut hedges = futures::stream::FuturesUnordered::new();
     let mut next = Instant::now() + s.ping_period;
     loop {
-        let more = next < until;
+        // At most two at a time: a frozen server accepts connections (its
+        // kernel does) and answers none, and its listen queue is not to be
+        // filled by probes.
+        let more = next < until && hedges.len() < 2;
         tokio::select! {
             r = &mut own => return Raced::Own(r),
             _ = tokio::time::sleep_until(next), if more => {
@@ -620,7 +624,11 @@ async fn info_round(
     // `INFO` without arguments covers server, replication and persistence
     // on every flavour (Dragonfly does not accept several section names,
     // but one it does).
-    let reply = {
+    // A PING answered on a new connection while the reply is late proves
+    // the server alive, and that connection is kept as a spare: if the
+    // reply never comes, the probe goes on with it instead of
+    // reconnecting (under loss, a new handshake is what costs most).
+    let (reply, spare) = {
         let main = async {
             match known {
                 Some(_) => c.call_text(["INFO", "replication"]).await,
@@ -629,16 +637,27 @@ async fn info_round(
         };
         tokio::pin!(main);
         let until = start + s.ping_timeout.max(s.client.command_timeout);
-        match race_late(s, &mut main, until).await {
-            Raced::Own(r) => r,
-            Raced::Fresh(..) => {
-                // Proof of life while the reply is on its way (or lost and
-                // being sent again); the reply is still waited for.
-                ctl.last_valid
-                    .store(stamp(Instant::now()), Ordering::Relaxed);
-                main.await
+        let mut spare = None;
+        let reply = loop {
+            match race_late(s, &mut main, until).await {
+                Raced::Own(r) => break r,
+                Raced::Fresh(conn, _) => {
+                    ctl.last_valid
+                        .store(stamp(Instant::now()), Ordering::Relaxed);
+                    spare = Some(conn);
+                }
             }
+        };
+        (reply, spare)
+    };
+    let reply = match (reply, spare) {
+        (Err(e), Some(conn)) if e.is_fatal_to_connection() => {
+            tracing::debug!(instance = %s.addr, error = %e, "INFO lost; going on with a new connection");
+            *c = conn;
+            *full = None;
+            return Ok(true);
         }
+        (r, _) => r,
     };
     let text = match reply {
         Ok(t) => t,
