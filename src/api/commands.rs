@@ -3,6 +3,7 @@
 //! dispatch of `SENTINEL` ([`super::sentinel`]) and of the peer protocol
 //! (`PICKET ...`, [`super::peer`]).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -33,9 +34,55 @@ fn allowed_while_subscribed(cmd: &str) -> bool {
     )
 }
 
+/// The commands every client repeats (where is the master, is the
+/// server alive), answered from the arguments as received: no copy of
+/// them, no case conversion, no name built. The same checks as
+/// [`dispatch`] (logged in, allowed to read, not in RESP2 subscribed mode
+/// for `SENTINEL`); `None` sends anything else the long way.
+fn hot(api: &Api, conn: &Conn, args: &[Bytes]) -> Option<(Reply, Cow<'static, str>)> {
+    let user = conn.user.as_ref()?;
+    match args {
+        [cmd] if cmd.eq_ignore_ascii_case(b"PING") && conn.subs.count() == 0 => {
+            acl::allows(user.role, acl::Permission::Connection)
+                .then(|| (Reply::Simple("PONG".into()), Cow::Borrowed("ping")))
+        }
+        [cmd, sub, name]
+            if cmd.eq_ignore_ascii_case(b"SENTINEL")
+                && (sub.eq_ignore_ascii_case(b"GET-MASTER-ADDR-BY-NAME")
+                    || sub.eq_ignore_ascii_case(b"GET-PRIMARY-ADDR-BY-NAME"))
+                && (conn.resp3 || conn.subs.count() == 0)
+                && acl::allows(user.role, acl::Permission::Read) =>
+        {
+            let name = std::str::from_utf8(name).ok()?;
+            let what = if sub[4].eq_ignore_ascii_case(&b'm') {
+                "sentinel|get-master-addr-by-name"
+            } else {
+                "sentinel|get-primary-addr-by-name"
+            };
+            Some((
+                super::sentinel::master_addr(&api.daemon, name),
+                Cow::Borrowed(what),
+            ))
+        }
+        _ => None,
+    }
+}
+
 /// Run one command. Returns the reply and the command's name for
 /// `CLIENT LIST` (`sentinel|masters` style).
-pub async fn dispatch(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Reply, String) {
+pub async fn dispatch(
+    api: &Arc<Api>,
+    conn: &mut Conn,
+    args: Vec<Bytes>,
+) -> (Reply, Cow<'static, str>) {
+    if let Some(r) = hot(api, conn, &args) {
+        return r;
+    }
+    let (reply, name) = dispatch_any(api, conn, args).await;
+    (reply, Cow::Owned(name))
+}
+
+async fn dispatch_any(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Reply, String) {
     let d = &api.daemon;
     let cmd = text(&args[0]).to_uppercase();
     let rest: Vec<String> = args[1..].iter().map(text).collect();

@@ -27,8 +27,6 @@ pub const MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
 /// (the client is then not read either); pub/sub messages that find no room
 /// within [`SLOW_SUBSCRIBER_GRACE`] disconnect the subscriber.
 pub const OUTPUT_BUDGET: usize = 8 * 1024 * 1024;
-/// Unsent replies and messages one connection may hold, in entries.
-pub const OUTPUT_QUEUE: usize = 1024;
 /// How long a pub/sub message may wait for room in the output queue
 /// before its subscriber counts as slow (a burst the writer has not had
 /// the time to flush is not slowness).
@@ -47,8 +45,6 @@ pub struct Limits {
     pub max_reply: usize,
     /// [`OUTPUT_BUDGET`].
     pub output_budget: usize,
-    /// [`OUTPUT_QUEUE`].
-    pub output_queue: usize,
 }
 
 impl Limits {
@@ -60,7 +56,6 @@ impl Limits {
             max_args: MAX_ARGS,
             max_reply: MAX_REPLY_BYTES,
             output_budget: OUTPUT_BUDGET,
-            output_queue: OUTPUT_QUEUE,
         }
     }
 }
@@ -271,20 +266,29 @@ impl Conn {
     }
 
     /// Copy what `CLIENT LIST` shows into the registry entry.
+    ///
+    /// Runs after every command: a text is copied only when it changed,
+    /// so a client repeating a command allocates nothing here.
     pub(crate) fn publish_state(&self, cmd: &str) {
+        fn set(to: &mut String, from: &str) {
+            if to != from {
+                to.clear();
+                to.push_str(from);
+            }
+        }
         let mut s = self.entry.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.name = self.name.clone().unwrap_or_default();
-        s.lib_name.clone_from(&self.lib.0);
-        s.lib_ver.clone_from(&self.lib.1);
-        s.last_cmd = cmd.to_string();
+        set(&mut s.name, self.name.as_deref().unwrap_or_default());
+        set(&mut s.lib_name, &self.lib.0);
+        set(&mut s.lib_ver, &self.lib.1);
+        set(&mut s.last_cmd, cmd);
         s.last_active = Instant::now();
         s.sub = self.subs.channels();
         s.psub = self.subs.patterns();
         s.resp = if self.resp3 { 3 } else { 2 };
-        s.user = self
-            .user
-            .as_ref()
-            // Redis shows a connection that has not logged in as default.
-            .map_or_else(|| "default".to_string(), |u| u.name.to_string());
+        // Redis shows a connection that has not logged in as default.
+        set(
+            &mut s.user,
+            self.user.as_ref().map_or("default", |u| &u.name),
+        );
     }
 }

@@ -260,8 +260,27 @@ pub fn peer_map(v: &GroupView, p: &PeerView, never_ms: u64) -> Reply {
     b.done()
 }
 
+/// A group's current view. The handle is only borrowed: cloning it (its
+/// mailbox, view and cancellation token) cost more than the lookup, on
+/// the path of every `GET-MASTER-ADDR-BY-NAME`.
 fn view(d: &Daemon, name: &str) -> Option<Arc<GroupView>> {
-    d.group(name).map(|h| h.view.borrow().clone())
+    d.groups
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(name)
+        .map(|h| h.view.borrow().clone())
+}
+
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME <name>`: the master's announced
+/// address, or a null array for an unknown name.
+pub fn master_addr(d: &Daemon, name: &str) -> Reply {
+    match view(d, name) {
+        Some(v) => {
+            let m = v.announced(&v.master);
+            Reply::Array(vec![Reply::bulk(&m.host), Reply::num(m.port)])
+        }
+        None => Reply::NullArray,
+    }
 }
 
 /// `+OK <n> usable Sentinels...` or `-NOQUORUM ...`.
@@ -410,13 +429,7 @@ pub async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
             if !named(2) {
                 return ar();
             }
-            match view(d, &rest[1]) {
-                Some(v) => {
-                    let m = v.announced(&v.master);
-                    Reply::Array(vec![Reply::bulk(&m.host), Reply::num(m.port)])
-                }
-                None => Reply::NullArray,
-            }
+            master_addr(d, &rest[1])
         }
         "ckquorum" => {
             if !named(2) {
