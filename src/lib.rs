@@ -283,7 +283,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         resp_addr.port(),
         users,
     ));
-    tasks.spawn(api::serve(
+    tasks.spawn(api::listener::serve_on_own_thread(
         api.clone(),
         resp,
         listener_tls.as_ref().map(|t| t.resp()),
@@ -292,7 +292,12 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     let plaintext_resp_addr = plain_resp.as_ref().map(|(_, a)| *a);
     if let Some((l, addr)) = plain_resp {
         tracing::warn!(%addr, "plaintext RESP listener open (daemon.tls.plaintext_listen): close it once the migration to TLS is done");
-        tasks.spawn(api::serve(api, l, None, cancel.clone()));
+        tasks.spawn(api::listener::serve_on_own_thread(
+            api,
+            l,
+            None,
+            cancel.clone(),
+        ));
     }
     tasks.spawn(http::serve(
         http,

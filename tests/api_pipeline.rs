@@ -236,3 +236,49 @@ fn the_listen_backlog_is_configured() {
     // The HTTP listener keeps the standard library's.
     assert_eq!(backlog(set.http), 128);
 }
+
+#[test]
+fn one_connection_sees_the_new_master_after_a_switchover() {
+    // The address is kept encoded per connection while the group's view
+    // is unchanged: a switchover must still show on the same connection.
+    let topo = Topology::master_with_replicas(1);
+    let d = daemon(topo.master.addr(), "");
+    let mut c = RawConn::connect(d.resp, CMD_TIMEOUT);
+    let ask = ["SENTINEL", "get-master-addr-by-name", NAME];
+    let addr_reply = |a: SocketAddr| {
+        format!(
+            "*2\r\n{}{}",
+            bulk(&a.ip().to_string()),
+            bulk(&a.port().to_string())
+        )
+    };
+    assert_eq!(c.cmd(&ask), addr_reply(topo.master.addr()));
+    assert_eq!(c.cmd(&ask), addr_reply(topo.master.addr()));
+    // Twice, pipelined, for the unknown name in between.
+    let both = [
+        encode_cmd(&ask),
+        encode_cmd(&["SENTINEL", "get-master-addr-by-name", "x"]),
+    ]
+    .concat();
+    c.send_raw(&both).unwrap();
+    let mut next = || String::from_utf8_lossy(&c.read().unwrap()).into_owned();
+    assert_eq!(next(), addr_reply(topo.master.addr()));
+    assert_eq!(next(), "*-1\r\n");
+    let replica = topo.replicas[0].addr();
+    wait_for(
+        "picket to know the replica",
+        Duration::from_secs(20),
+        || {
+            redis_cmd(d.resp, &["SENTINEL", "REPLICAS", NAME])
+                .is_ok_and(|r| matches!(r, Reply::Array(v) if !v.is_empty()))
+        },
+    );
+    wait_for("the switchover to start", Duration::from_secs(20), || {
+        redis_cmd(d.resp, &["SENTINEL", "FAILOVER", NAME]).is_ok_and(|r| r.is_ok())
+    });
+    wait_for(
+        "the same connection to show the new master",
+        Duration::from_secs(30),
+        || c.cmd(&ask) == addr_reply(replica),
+    );
+}

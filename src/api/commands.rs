@@ -38,13 +38,14 @@ fn allowed_while_subscribed(cmd: &str) -> bool {
 /// server alive), answered from the arguments as received: no copy of
 /// them, no case conversion, no name built. The same checks as
 /// [`dispatch`] (logged in, allowed to read, not in RESP2 subscribed mode
-/// for `SENTINEL`); `None` sends anything else the long way.
-fn hot(api: &Api, conn: &Conn, args: &[Bytes]) -> Option<(Reply, Cow<'static, str>)> {
+/// for `SENTINEL`); `None` sends anything else the long way. They change
+/// nothing of the connection, so only [`Conn::touch`] follows them.
+pub fn hot(api: &Api, conn: &mut Conn, args: &[Bytes]) -> Option<(Reply, &'static str)> {
     let user = conn.user.as_ref()?;
     match args {
         [cmd] if cmd.eq_ignore_ascii_case(b"PING") && conn.subs.count() == 0 => {
             acl::allows(user.role, acl::Permission::Connection)
-                .then(|| (Reply::Simple("PONG".into()), Cow::Borrowed("ping")))
+                .then(|| (Reply::Simple("PONG".into()), "ping"))
         }
         [cmd, sub, name]
             if cmd.eq_ignore_ascii_case(b"SENTINEL")
@@ -53,15 +54,14 @@ fn hot(api: &Api, conn: &Conn, args: &[Bytes]) -> Option<(Reply, Cow<'static, st
                 && (conn.resp3 || conn.subs.count() == 0)
                 && acl::allows(user.role, acl::Permission::Read) =>
         {
-            let name = std::str::from_utf8(name).ok()?;
             let what = if sub[4].eq_ignore_ascii_case(&b'm') {
                 "sentinel|get-master-addr-by-name"
             } else {
                 "sentinel|get-primary-addr-by-name"
             };
             Some((
-                super::sentinel::master_addr(&api.daemon, name),
-                Cow::Borrowed(what),
+                super::sentinel::master_addr_cached(&api.daemon, name, &mut conn.master),
+                what,
             ))
         }
         _ => None,
@@ -70,19 +70,7 @@ fn hot(api: &Api, conn: &Conn, args: &[Bytes]) -> Option<(Reply, Cow<'static, st
 
 /// Run one command. Returns the reply and the command's name for
 /// `CLIENT LIST` (`sentinel|masters` style).
-pub async fn dispatch(
-    api: &Arc<Api>,
-    conn: &mut Conn,
-    args: Vec<Bytes>,
-) -> (Reply, Cow<'static, str>) {
-    if let Some(r) = hot(api, conn, &args) {
-        return r;
-    }
-    let (reply, name) = dispatch_any(api, conn, args).await;
-    (reply, Cow::Owned(name))
-}
-
-async fn dispatch_any(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Reply, String) {
+pub async fn dispatch(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Reply, String) {
     let d = &api.daemon;
     let cmd = text(&args[0]).to_uppercase();
     let rest: Vec<String> = args[1..].iter().map(text).collect();
@@ -375,7 +363,7 @@ fn client(api: &Api, conn: &mut Conn, rest: &[String]) -> Reply {
             Reply::ok()
         }
         "INFO" if rest.len() == 1 => {
-            conn.publish_state("client|info");
+            conn.publish_state(Cow::Borrowed("client|info"));
             Reply::Verbatim(format!("{}\n", conn.entry.line(now)))
         }
         "INFO" => arity("client|info"),
@@ -387,7 +375,7 @@ fn client(api: &Api, conn: &mut Conn, rest: &[String]) -> Reply {
 }
 
 fn client_list(api: &Api, conn: &Conn, opts: &[String], now: Instant) -> Reply {
-    conn.publish_state("client|list");
+    conn.publish_state(Cow::Borrowed("client|list"));
     let mut ids: Option<Vec<u64>> = None;
     let mut kind: Option<String> = None;
     let mut i = 0;

@@ -2,6 +2,7 @@
 //! open connections (`CLIENT LIST`, `CLIENT KILL`) and the state of one
 //! connection as the commands see it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -102,7 +103,7 @@ pub struct ClientState {
     /// `CLIENT SETINFO LIB-VER`.
     pub lib_ver: String,
     /// Last command (lower case, `sentinel|masters` style).
-    pub last_cmd: String,
+    pub last_cmd: Cow<'static, str>,
     /// When the last command ran.
     pub last_active: Instant,
     /// Subscribed channels.
@@ -252,6 +253,8 @@ pub struct Conn {
     pub events: Option<broadcast::Receiver<Event>>,
     /// This connection in the registry.
     pub entry: Arc<ClientEntry>,
+    /// The master address it asked for last.
+    pub master: Option<super::sentinel::MasterCache>,
 }
 
 impl Conn {
@@ -265,11 +268,23 @@ impl Conn {
         }
     }
 
+    /// After a command that changed nothing of the connection: its name
+    /// (a static one: nothing copied) and when it ran.
+    pub(crate) fn touch(&self, cmd: &'static str) {
+        let mut s = self.entry.state.lock().unwrap_or_else(|e| e.into_inner());
+        if !matches!(&s.last_cmd, Cow::Borrowed(c) if std::ptr::eq(*c, cmd)) {
+            s.last_cmd = Cow::Borrowed(cmd);
+        }
+        s.last_active = Instant::now();
+    }
+
     /// Copy what `CLIENT LIST` shows into the registry entry.
     ///
     /// Runs after every command: a text is copied only when it changed,
-    /// so a client repeating a command allocates nothing here.
-    pub(crate) fn publish_state(&self, cmd: &str) {
+    /// and the command's name is moved in (a static one for the commands
+    /// every client repeats), so a client repeating a command allocates
+    /// and compares nothing long here.
+    pub(crate) fn publish_state(&self, cmd: Cow<'static, str>) {
         fn set(to: &mut String, from: &str) {
             if to != from {
                 to.clear();
@@ -280,7 +295,7 @@ impl Conn {
         set(&mut s.name, self.name.as_deref().unwrap_or_default());
         set(&mut s.lib_name, &self.lib.0);
         set(&mut s.lib_ver, &self.lib.1);
-        set(&mut s.last_cmd, cmd);
+        s.last_cmd = cmd;
         s.last_active = Instant::now();
         s.sub = self.subs.channels();
         s.psub = self.subs.patterns();
