@@ -134,10 +134,7 @@ fn a_pipeline_larger_than_the_output_budget_is_answered_while_not_read() {
         assert!(k > 0, "closed after {replies} of {n} replies");
         buf.extend_from_slice(&chunk[..k]);
         // Consume complete bulk strings.
-        loop {
-            let Some(lf) = buf.iter().position(|&b| b == b'\n') else {
-                break;
-            };
+        while let Some(lf) = buf.iter().position(|&b| b == b'\n') {
             assert_eq!(buf[0], b'$', "not a bulk string");
             let len: usize = std::str::from_utf8(&buf[1..lf - 1])
                 .unwrap()

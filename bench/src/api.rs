@@ -51,6 +51,14 @@ pub struct ApiOpts {
     pub subscribers: usize,
     /// redis-benchmark binary.
     pub redis_benchmark: PathBuf,
+    /// Which cases run (`qps`, `held`, `storm`, `fanout`).
+    pub cases: Vec<String>,
+}
+
+impl ApiOpts {
+    fn runs(&self, case: &str) -> bool {
+        self.cases.iter().any(|c| c == case)
+    }
 }
 
 /// One measurement of one side.
@@ -75,6 +83,26 @@ struct Server {
 }
 
 impl Server {
+    /// Start the manager again (its state and configuration kept), so
+    /// that a memory figure is taken from a process that has not held
+    /// anything yet: the allocator keeps what earlier cases freed, and the
+    /// next case's growth would not show.
+    async fn restart(&mut self) -> anyhow::Result<()> {
+        self.manager.restart()?;
+        let a = self.api.clone();
+        wait_until(
+            "the restarted manager to know both replicas",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || {
+                let a = a.clone();
+                async move { replicas_known(&a).await == 2 }
+            },
+        )
+        .await
+        .with_context(|| self.manager.log_tail(10))
+    }
+
     fn rss_kib(&self) -> anyhow::Result<u64> {
         let pid = self.manager.pid().context("the manager is not running")?;
         proc_usage(pid)
@@ -289,7 +317,12 @@ fn secs(d: Duration) -> f64 {
 /// Open `n` connections one after another and hold them; then a PING on
 /// each. Figures: seconds until all are open, until all answered, listen
 /// overflows, KiB of the manager's RSS per connection.
-async fn held(s: &Server, n: usize, src: std::net::Ipv4Addr) -> anyhow::Result<Vec<(String, f64)>> {
+async fn held(
+    s: &mut Server,
+    n: usize,
+    src: std::net::Ipv4Addr,
+) -> anyhow::Result<Vec<(String, f64)>> {
+    s.restart().await?;
     settle(&s.api, 2).await?;
     let rss0 = s.rss_kib()?;
     let over0 = listen_overflows().unwrap_or(0);
@@ -367,10 +400,11 @@ async fn storm(
 /// includes the failover itself), then the 99th percentile and the last
 /// after the first.
 async fn fanout(
-    s: &Server,
+    s: &mut Server,
     n: usize,
     src: std::net::Ipv4Addr,
 ) -> anyhow::Result<Vec<(String, f64)>> {
+    s.restart().await?;
     settle(&s.api, 2).await?;
     let a = s.api.clone();
     wait_until(
@@ -456,7 +490,9 @@ async fn fanout(
 
 /// Run every case, interleaved, and return the samples.
 pub async fn run(env: &Env, o: &ApiOpts, work: &Path) -> anyhow::Result<Vec<ApiSample>> {
-    let want = (o.held.max(o.storm).max(o.subscribers) as u64) * 2 + 1000;
+    // The connections of the largest case, and room for the rest; the
+    // managers and redis-benchmark inherit it.
+    let want = o.held.max(o.storm).max(o.subscribers) as u64 + 1000;
     let got = crate::procs::raise_nofile(want);
     if got < want {
         bail!("the open-file limit is {got}, {want} needed (run as root or raise it)");
@@ -500,7 +536,7 @@ pub async fn run(env: &Env, o: &ApiOpts, work: &Path) -> anyhow::Result<Vec<ApiS
     };
     for round in 0..o.rounds {
         eprintln!("api: round {}/{}", round + 1, o.rounds);
-        for &c in &o.clients {
+        for &c in o.clients.iter().filter(|_| o.runs("qps")) {
             for p in [1, o.pipeline] {
                 let case = format!("qps c={c} P={p}");
                 for s in &servers {
@@ -509,15 +545,15 @@ pub async fn run(env: &Env, o: &ApiOpts, work: &Path) -> anyhow::Result<Vec<ApiS
                 }
             }
         }
-        for s in &servers {
+        for s in servers.iter_mut().filter(|_| o.runs("held")) {
             let figs = held(s, o.held, next_src()).await?;
             push(s.side, &format!("held {}", o.held), figs);
         }
-        for s in &servers {
+        for s in servers.iter().filter(|_| o.runs("storm")) {
             let figs = storm(s, o.storm, next_src()).await?;
             push(s.side, &format!("storm {}", o.storm), figs);
         }
-        for s in &servers {
+        for s in servers.iter_mut().filter(|_| o.runs("fanout")) {
             let figs = fanout(s, o.subscribers, next_src()).await?;
             push(s.side, &format!("fan-out {}", o.subscribers), figs);
         }

@@ -199,6 +199,14 @@ struct Opts {
     /// `+switch-master` subscribers of `api`'s fan-out.
     #[arg(long, global = true, default_value_t = 5_000)]
     api_subscribers: usize,
+    /// The cases `api` runs: any of qps, held, storm, fanout.
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        default_value = "qps,held,storm,fanout"
+    )]
+    api_cases: Vec<String>,
     /// redis-benchmark binary (the load of `api`'s queries per second).
     #[arg(long, global = true, default_value = "/usr/bin/redis-benchmark")]
     redis_benchmark: PathBuf,
@@ -768,6 +776,7 @@ async fn api_bench(env: &Env, o: &Opts, work: &std::path::Path) -> anyhow::Resul
         storm: o.api_storm,
         subscribers: o.api_subscribers,
         redis_benchmark: o.redis_benchmark.clone(),
+        cases: o.api_cases.clone(),
     };
     if o.quick {
         ao.rounds = 1;
