@@ -433,8 +433,14 @@ async fn fanout(
     let subscribed = t0.elapsed();
     let rss1 = s.rss_kib()?;
     let mut tasks = tokio::task::JoinSet::new();
+    // Each reader says when it runs: the failover starts only once all
+    // wait for their event (picket's switchover publishes within
+    // milliseconds, before 5,000 new tasks have all run once).
+    let waiting = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for mut c in conns {
+        let waiting = waiting.clone();
         tasks.spawn(async move {
+            waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // *3, $7 message, $14 +switch-master, $n, the payload.
             read_until(&mut c, Duration::from_secs(90), |b| {
                 b.windows(14).any(|w| w == b"+switch-master") && lines(b) >= 7
@@ -443,6 +449,17 @@ async fn fanout(
             anyhow::Ok(Instant::now())
         });
     }
+    let w = waiting.clone();
+    wait_until(
+        "every subscriber to wait for its event",
+        Duration::from_secs(30),
+        Duration::from_millis(10),
+        || {
+            let w = w.clone();
+            async move { w.load(std::sync::atomic::Ordering::Relaxed) == n }
+        },
+    )
+    .await?;
     // A failover may be refused for a moment after the last one (the
     // replicas are being reconfigured): ask again until it starts.
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -250,7 +250,7 @@ pub struct Conn {
     /// Channels and patterns.
     pub subs: pubsub::Subscriptions,
     /// The event bus, while subscribed to anything.
-    pub events: Option<broadcast::Receiver<Event>>,
+    pub events: Option<broadcast::Receiver<Arc<Event>>>,
     /// This connection in the registry.
     pub entry: Arc<ClientEntry>,
     /// The master address it asked for last.

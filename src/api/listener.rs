@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -191,11 +191,17 @@ async fn accept(
     api: &Arc<Api>,
 ) {
     let Some(cfg) = tls else {
-        return handle(sock, peer, laddr, api).await;
+        // Owned halves of the socket itself: no lock between reading and
+        // writing, as the generic split needs.
+        let (rd, wr) = sock.into_split();
+        return handle(rd, wr, peer, laddr, api).await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::current(&cfg));
     let why = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
-        Ok(Ok(stream)) => return handle(stream, peer, laddr, api).await,
+        Ok(Ok(stream)) => {
+            let (rd, wr) = tokio::io::split(stream);
+            return handle(rd, wr, peer, laddr, api).await;
+        }
         Ok(Err(e)) => e.to_string(),
         Err(_) => format!("no handshake within {TLS_HANDSHAKE_TIMEOUT:?}"),
     };
@@ -226,9 +232,9 @@ struct Held {
 /// One connection's socket and buffers. One task reads, runs and writes:
 /// the replies to one read's requests are encoded into one buffer and
 /// written with one system call, and no other task is woken per request.
-struct Io<S> {
-    rd: ReadHalf<S>,
-    wr: WriteHalf<S>,
+struct Io<R, W> {
+    rd: R,
+    wr: W,
     decoder: RequestDecoder,
     input: BytesMut,
     /// What the next read asks room for.
@@ -240,7 +246,7 @@ struct Io<S> {
     held: Option<Held>,
 }
 
-impl<S: AsyncRead + AsyncWrite> Io<S> {
+impl<R, W: AsyncWrite + Unpin> Io<R, W> {
     /// Write until at most `keep` bytes are left unsent.
     async fn drain_to(&mut self, keep: usize) -> std::io::Result<()> {
         while self.output.len() > keep {
@@ -281,8 +287,8 @@ impl<S: AsyncRead + AsyncWrite> Io<S> {
 
 /// Receive the next event, or wait forever when not subscribed.
 async fn next_event(
-    rx: &mut Option<broadcast::Receiver<Event>>,
-) -> Result<Event, broadcast::error::RecvError> {
+    rx: &mut Option<broadcast::Receiver<Arc<Event>>>,
+) -> Result<Arc<Event>, broadcast::error::RecvError> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
@@ -305,11 +311,11 @@ enum End {
     Abort,
 }
 
-async fn handle<S>(sock: S, peer: String, laddr: String, api: &Arc<Api>)
+async fn handle<R, W>(rd: R, wr: W, peer: String, laddr: String, api: &Arc<Api>)
 where
-    S: AsyncRead + AsyncWrite + Send + 'static,
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
 {
-    let (rd, wr) = tokio::io::split(sock);
     let mut io = Io {
         rd,
         wr,
@@ -374,13 +380,17 @@ fn slow_subscriber(conn: &Conn, why: &str) -> End {
 /// What one turn of the connection's loop saw.
 enum Turn {
     Killed,
-    Event(Result<Event, broadcast::error::RecvError>),
+    Event(Result<Arc<Event>, broadcast::error::RecvError>),
     Read(std::io::Result<usize>),
     Wrote(std::io::Result<usize>),
     Slow,
 }
 
-async fn run<S: AsyncRead + AsyncWrite>(conn: &mut Conn, api: &Arc<Api>, io: &mut Io<S>) -> End {
+async fn run<R, W>(conn: &mut Conn, api: &Arc<Api>, io: &mut Io<R, W>) -> End
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let kill = conn.entry.kill.clone();
     // One wait for `CLIENT KILL`, polled by every turn: a new one per turn
     // would register (and remove) a waiter under a lock each time.
@@ -415,17 +425,23 @@ async fn run<S: AsyncRead + AsyncWrite>(conn: &mut Conn, api: &Arc<Api>, io: &mu
             }
             Turn::Wrote(_) => return End::Abort,
             Turn::Event(Ok(ev)) => {
-                let mut msgs = BytesMut::new();
-                for msg in conn.subs.messages(&ev) {
-                    msg.encode(&mut msgs, conn.resp3);
-                }
-                if io.output.len() + msgs.len() <= io.budget {
-                    io.output.extend_from_slice(&msgs);
-                } else {
-                    io.held = Some(Held {
-                        bytes: msgs,
-                        deadline: Instant::now() + SLOW_SUBSCRIBER_GRACE,
-                    });
+                // Every event already queued, at once (a failover emits a
+                // burst, and every subscriber gets every event): one
+                // wake-up and one write instead of one per event.
+                let mut next = Some(ev);
+                while let Some(ev) = next.take() {
+                    queue_messages(conn, io, &ev);
+                    if io.held.is_some() {
+                        break;
+                    }
+                    next = match conn.events.as_mut().map(|rx| rx.try_recv()) {
+                        Some(Ok(ev)) => Some(ev),
+                        Some(Err(broadcast::error::TryRecvError::Lagged(n))) => {
+                            return slow_subscriber(conn, &format!("missed {n} events"));
+                        }
+                        // Empty; Closed is seen by the next wait.
+                        _ => None,
+                    };
                 }
             }
             Turn::Event(Err(broadcast::error::RecvError::Lagged(n))) => {
@@ -457,12 +473,33 @@ async fn run<S: AsyncRead + AsyncWrite>(conn: &mut Conn, api: &Arc<Api>, io: &mu
     }
 }
 
+/// Encode what `ev` means for this connection into its output, or hold it
+/// when there is no room (then the subscriber has
+/// [`SLOW_SUBSCRIBER_GRACE`] to make room).
+fn queue_messages<R, W>(conn: &Conn, io: &mut Io<R, W>, ev: &Event) {
+    let mut msgs = BytesMut::new();
+    for msg in conn.subs.messages(ev) {
+        msg.encode(&mut msgs, conn.resp3);
+    }
+    if msgs.is_empty() {
+        return;
+    }
+    if io.output.len() + msgs.len() <= io.budget {
+        io.output.extend_from_slice(&msgs);
+    } else {
+        io.held = Some(Held {
+            bytes: msgs,
+            deadline: Instant::now() + SLOW_SUBSCRIBER_GRACE,
+        });
+    }
+}
+
 /// Run every complete request in the input buffer, encoding the replies
 /// into the output buffer. `Some` when the connection ends.
-async fn answer<S: AsyncRead + AsyncWrite>(
+async fn answer<R, W: AsyncWrite + Unpin>(
     conn: &mut Conn,
     api: &Arc<Api>,
-    io: &mut Io<S>,
+    io: &mut Io<R, W>,
     kill: &CancellationToken,
 ) -> Option<End> {
     // Counted once per batch: the counter is shared by every worker
@@ -475,10 +512,10 @@ async fn answer<S: AsyncRead + AsyncWrite>(
     end
 }
 
-async fn answer_batch<S: AsyncRead + AsyncWrite>(
+async fn answer_batch<R, W: AsyncWrite + Unpin>(
     conn: &mut Conn,
     api: &Arc<Api>,
-    io: &mut Io<S>,
+    io: &mut Io<R, W>,
     kill: &CancellationToken,
     ran: &mut u64,
 ) -> Option<End> {
