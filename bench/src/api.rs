@@ -89,18 +89,7 @@ impl Server {
     /// next case's growth would not show.
     async fn restart(&mut self) -> anyhow::Result<()> {
         self.manager.restart()?;
-        let a = self.api.clone();
-        wait_until(
-            "the restarted manager to know both replicas",
-            Duration::from_secs(60),
-            Duration::from_millis(100),
-            || {
-                let a = a.clone();
-                async move { replicas_known(&a).await == 2 }
-            },
-        )
-        .await
-        .with_context(|| self.manager.log_tail(10))
+        both_replicas_known(&self.api, &self.manager).await
     }
 
     fn rss_kib(&self) -> anyhow::Result<u64> {
@@ -146,6 +135,22 @@ async fn replicas_known(api: &str) -> usize {
     }
 }
 
+/// Wait until the manager on `api` lists both replicas.
+async fn both_replicas_known(api: &str, manager: &Proc) -> anyhow::Result<()> {
+    let a = api.to_string();
+    wait_until(
+        "the manager to know both replicas",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let a = a.clone();
+            async move { replicas_known(&a).await == 2 }
+        },
+    )
+    .await
+    .with_context(|| manager.log_tail(10))
+}
+
 async fn start(env: &Env, side: Side, dir: &Path, run: usize) -> anyhow::Result<Server> {
     std::fs::create_dir_all(dir)?;
     let (redis, addrs) = start_redis(env, dir, run, &[]).await?;
@@ -176,18 +181,7 @@ async fn start(env: &Env, side: Side, dir: &Path, run: usize) -> anyhow::Result<
             )?
         }
     };
-    let a = api.clone();
-    wait_until(
-        "the manager to know both replicas",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || {
-            let a = a.clone();
-            async move { replicas_known(&a).await == 2 }
-        },
-    )
-    .await
-    .with_context(|| manager.log_tail(10))?;
+    both_replicas_known(&api, &manager).await?;
     Ok(Server {
         side,
         api,
@@ -404,19 +398,10 @@ async fn fanout(
     n: usize,
     src: std::net::Ipv4Addr,
 ) -> anyhow::Result<Vec<(String, f64)>> {
+    // Restarted once both replicas are known again after the last
+    // failover: a new one can start.
     s.restart().await?;
     settle(&s.api, 2).await?;
-    let a = s.api.clone();
-    wait_until(
-        "two replicas known again after the last failover",
-        Duration::from_secs(60),
-        Duration::from_millis(200),
-        || {
-            let a = a.clone();
-            async move { replicas_known(&a).await == 2 }
-        },
-    )
-    .await?;
     let rss0 = s.rss_kib()?;
     let sub = resp_cmd(&["SUBSCRIBE", "+switch-master"]);
     let t0 = Instant::now();
