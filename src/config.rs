@@ -73,6 +73,10 @@ pub struct DaemonConfig {
     /// Maximum number of simultaneous client connections on `listen`.
     #[serde(default = "default_max_clients")]
     pub max_clients: usize,
+    /// Backlog of `listen`'s accept queue (Redis' `tcp-backlog`; the
+    /// kernel caps it at `net.core.somaxconn`).
+    #[serde(default = "default_tcp_backlog")]
+    pub tcp_backlog: u32,
     /// Allow `SENTINEL SIMULATE-FAILURE` / `PICKET SIMULATE-FAILURE`, which
     /// make this daemon exit at chosen points of a failover (crash tests).
     #[serde(default)]
@@ -535,6 +539,9 @@ fn default_data_dir() -> PathBuf {
 }
 fn default_max_clients() -> usize {
     10_000
+}
+fn default_tcp_backlog() -> u32 {
+    511
 }
 fn default_down_after() -> Duration {
     Duration::from_secs(5)
@@ -1351,6 +1358,9 @@ impl DaemonConfig {
         }
         if self.max_clients == 0 {
             v.add("daemon.max_clients", "must be at least 1");
+        }
+        if self.tcp_backlog == 0 || self.tcp_backlog > i32::MAX as u32 {
+            v.add("daemon.tcp_backlog", "must be between 1 and 2147483647");
         }
         self.validate_users(v);
         if let Some(tls) = &self.tls {

@@ -6,6 +6,8 @@
 //! master (Sentinel's `%@` formats), so no event name is ever matched as a
 //! string.
 
+use std::sync::Arc;
+
 use tokio::sync::broadcast;
 
 use crate::addr::Addr;
@@ -174,7 +176,9 @@ pub struct Event {
 /// The event bus of one daemon.
 #[derive(Debug, Clone)]
 pub struct Events {
-    tx: broadcast::Sender<Event>,
+    /// Shared, not cloned, per subscriber: every subscribed connection
+    /// receives every event (thousands at once after a failover).
+    tx: broadcast::Sender<Arc<Event>>,
 }
 
 impl Default for Events {
@@ -195,14 +199,14 @@ impl Events {
         let message = message.into();
         let channel = kind.channel();
         tracing::info!(target: "picket::events", event = channel, "{channel} {message}");
-        let _ = self.tx.send(Event {
+        let _ = self.tx.send(Arc::new(Event {
             channel: channel.to_string(),
             message,
-        });
+        }));
     }
 
     /// Receive every event from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
         self.tx.subscribe()
     }
 }

@@ -136,21 +136,30 @@ fn secret(path: &std::path::Path) -> Result<String, RunError> {
     })
 }
 
-async fn bind(addr: &str) -> Result<(TcpListener, std::net::SocketAddr), RunError> {
+/// Bind `addr`; a RESP listener with the configured `tcp_backlog`.
+async fn bind(
+    addr: &str,
+    backlog: Option<u32>,
+) -> Result<(TcpListener, std::net::SocketAddr), RunError> {
     let err = |source| RunError::Bind {
         addr: addr.to_string(),
         source,
     };
-    let l = TcpListener::bind(addr).await.map_err(err)?;
+    let l = match backlog {
+        Some(b) => api::listener::bind(addr, b).await,
+        None => TcpListener::bind(addr).await,
+    }
+    .map_err(err)?;
     let a = l.local_addr().map_err(err)?;
     Ok((l, a))
 }
 
 async fn bind_optional(
     addr: Option<&String>,
+    backlog: Option<u32>,
 ) -> Result<Option<(TcpListener, std::net::SocketAddr)>, RunError> {
     match addr {
-        Some(a) => Ok(Some(bind(a).await?)),
+        Some(a) => Ok(Some(bind(a, backlog).await?)),
         None => Ok(None),
     }
 }
@@ -185,11 +194,16 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         None => None,
     };
     let state = Arc::new(StateStore::open(&d.data_dir, d.id.as_deref())?);
-    let (resp, resp_addr) = bind(&d.listen).await?;
-    let (http, http_addr) = bind(&d.http_listen).await?;
+    let (resp, resp_addr) = bind(&d.listen, Some(d.tcp_backlog)).await?;
+    let (http, http_addr) = bind(&d.http_listen, None).await?;
     let tls_cfg = d.tls.as_ref();
-    let plain_resp = bind_optional(tls_cfg.and_then(|t| t.plaintext_listen.as_ref())).await?;
-    let plain_http = bind_optional(tls_cfg.and_then(|t| t.plaintext_http_listen.as_ref())).await?;
+    let plain_resp = bind_optional(
+        tls_cfg.and_then(|t| t.plaintext_listen.as_ref()),
+        Some(d.tcp_backlog),
+    )
+    .await?;
+    let plain_http =
+        bind_optional(tls_cfg.and_then(|t| t.plaintext_http_listen.as_ref()), None).await?;
     let cancel = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
     let events = Events::new();
@@ -271,7 +285,7 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
         resp_addr.port(),
         users,
     ));
-    tasks.spawn(api::serve(
+    tasks.spawn(api::listener::serve_on_own_thread(
         api.clone(),
         resp,
         listener_tls.as_ref().map(|t| t.resp()),
@@ -280,7 +294,12 @@ pub async fn start(config: Config) -> Result<Running, RunError> {
     let plaintext_resp_addr = plain_resp.as_ref().map(|(_, a)| *a);
     if let Some((l, addr)) = plain_resp {
         tracing::warn!(%addr, "plaintext RESP listener open (daemon.tls.plaintext_listen): close it once the migration to TLS is done");
-        tasks.spawn(api::serve(api, l, None, cancel.clone()));
+        tasks.spawn(api::listener::serve_on_own_thread(
+            api,
+            l,
+            None,
+            cancel.clone(),
+        ));
     }
     tasks.spawn(http::serve(
         http,

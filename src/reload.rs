@@ -134,6 +134,7 @@ pub fn restart_required(old: &DaemonConfig, new: &DaemonConfig) -> Vec<&'static 
     diff(old.log_format != new.log_format, "daemon.log_format");
     diff(old.peers != new.peers, "daemon.peers");
     diff(old.max_clients != new.max_clients, "daemon.max_clients");
+    diff(old.tcp_backlog != new.tcp_backlog, "daemon.tcp_backlog");
     diff(
         old.enable_fault_injection != new.enable_fault_injection,
         "daemon.enable_fault_injection",
@@ -462,6 +463,7 @@ mod tests {
             ("announce = \"10.0.0.9:26379\"", "daemon.announce"),
             ("log_format = \"json\"", "daemon.log_format"),
             ("max_clients = 5", "daemon.max_clients"),
+            ("tcp_backlog = 128", "daemon.tcp_backlog"),
             ("default_role = \"client\"", "daemon.default_role"),
             (
                 "enable_fault_injection = true",

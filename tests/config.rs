@@ -1558,6 +1558,7 @@ fn example_config_has_every_key() {
             log_format: LogFormat::Json,
             peers: vec![picket::addr::Addr::new("x", 1)],
             max_clients: 1,
+            tcp_backlog: 1,
             enable_fault_injection: true,
             default_role: Role::Client,
             peer_user: s(),

@@ -497,7 +497,11 @@ fn a_lossy_link_to_the_master_is_no_failover() {
                 let m = n.metrics().unwrap_or_default();
                 let lines: Vec<&str> = m
                     .lines()
-                    .filter(|l| l.contains(&master.to_string()) && (l.starts_with("picket_probe_errors_total") || l.starts_with("picket_probe_duration_seconds_count")))
+                    .filter(|l| {
+                        l.contains(&master.to_string())
+                            && (l.starts_with("picket_probe_errors_total")
+                                || l.starts_with("picket_probe_duration_seconds_count"))
+                    })
                     .filter(|l| !l.ends_with(" 0"))
                     .collect();
                 eprintln!("{:?} {}: {lines:?}", start.elapsed(), n.id);

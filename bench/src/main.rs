@@ -29,9 +29,16 @@
 //!   Reports the difference of the write unavailability (the goal: within
 //!   50 ms).
 //!
+//! - `api`: the client-facing API side by side with redis-sentinel:
+//!   queries per second at 1, 50 and 500 clients, pipelined and not,
+//!   10,000 held connections, a reconnect storm of 2,000 clients and the
+//!   `+switch-master` fan-out to 5,000 subscribers, with the memory per
+//!   connection and per subscriber (see `api.rs`).
+//!
 //! `--quick` (for CI) runs one failover per side and fails only if a side
 //! did not fail over. See docs/benchmarks.md for the method.
 
+mod api;
 mod cluster;
 mod cost;
 mod partition_runs;
@@ -86,6 +93,9 @@ enum Cmd {
     /// Unplanned failover, picket without and with TLS (mutual TLS between
     /// the daemons, TLS and a password for the client), side by side.
     Tls,
+    /// The client API: queries per second, held connections, a
+    /// reconnect storm and the pub/sub fan-out, side by side.
+    Api,
     /// Draw the plot again (`--plot PATH`) from a `--json` file.
     Replot {
         /// The JSON written by an earlier run.
@@ -191,6 +201,32 @@ struct Opts {
     /// `restart`: keys written before the kill.
     #[arg(long, global = true, default_value_t = 20_000)]
     restart_keys: u64,
+    /// Rounds of `api` (each case once per side per round, interleaved).
+    #[arg(long, global = true, default_value_t = 3)]
+    api_rounds: usize,
+    /// Client counts of `api`'s queries-per-second cases.
+    #[arg(long, global = true, value_parser = counts, default_value = "1,50,500")]
+    api_clients: std::vec::Vec<usize>,
+    /// Connections `api` opens one after another and holds.
+    #[arg(long, global = true, default_value_t = 10_000)]
+    api_held: usize,
+    /// Clients of `api`'s reconnect storm.
+    #[arg(long, global = true, default_value_t = 2_000)]
+    api_storm: usize,
+    /// `+switch-master` subscribers of `api`'s fan-out.
+    #[arg(long, global = true, default_value_t = 5_000)]
+    api_subscribers: usize,
+    /// The cases `api` runs: any of qps, held, storm, fanout.
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        default_value = "qps,held,storm,fanout"
+    )]
+    api_cases: Vec<String>,
+    /// redis-benchmark binary (the load of `api`'s queries per second).
+    #[arg(long, global = true, default_value = "/usr/bin/redis-benchmark")]
+    redis_benchmark: PathBuf,
     /// Write every result as JSON here.
     #[arg(long, global = true)]
     json: Option<PathBuf>,
@@ -465,7 +501,9 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         print_restart(&res.restart, &o.restart_after);
     }
-
+    if matches!(cmd, Cmd::Api) {
+        return api_bench(&env, &o, &work).await;
+    }
     if matches!(cmd, Cmd::All | Cmd::Failover) {
         for &da in &o.down_after {
             let n = if da == Duration::from_secs(1) {
@@ -820,6 +858,46 @@ async fn tls_bench(env: &Env, o: &Opts, work: &std::path::Path) -> anyhow::Resul
         eprintln!("FAILED: a side did not fail over");
         ExitCode::FAILURE
     })
+}
+
+/// `picket-bench api`: every case of [`api::run`], the table of medians
+/// and ratios, the samples as JSON with `--json`.
+async fn api_bench(env: &Env, o: &Opts, work: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let mut ao = api::ApiOpts {
+        rounds: o.api_rounds.max(1),
+        clients: o.api_clients.clone(),
+        pipeline: 16,
+        requests: 100_000,
+        pipelined_requests: 1_000_000,
+        held: o.api_held,
+        storm: o.api_storm,
+        subscribers: o.api_subscribers,
+        redis_benchmark: o.redis_benchmark.clone(),
+        cases: o.api_cases.clone(),
+    };
+    if o.quick {
+        ao.rounds = 1;
+        ao.requests = 10_000;
+        ao.pipelined_requests = 50_000;
+        ao.held = ao.held.min(1_000);
+        ao.storm = ao.storm.min(200);
+        ao.subscribers = ao.subscribers.min(200);
+    }
+    let samples = api::run(env, &ao, work).await?;
+    print!("{}", api::table(&samples, ao.rounds));
+    if let Some(p) = &o.json {
+        let out = serde_json::json!({
+            "mode": if o.quick { "quick" } else { "full" },
+            "rounds": ao.rounds,
+            "samples": samples,
+        });
+        std::fs::write(p, serde_json::to_vec_pretty(&out)?)
+            .with_context(|| p.display().to_string())?;
+    }
+    if !o.keep && o.work.is_none() {
+        let _ = std::fs::remove_dir_all(work);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The failover runs of an earlier `--json` file, with only what the plot

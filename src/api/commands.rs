@@ -3,6 +3,7 @@
 //! dispatch of `SENTINEL` ([`super::sentinel`]) and of the peer protocol
 //! (`PICKET ...`, [`super::peer`]).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -31,6 +32,40 @@ fn allowed_while_subscribed(cmd: &str) -> bool {
         cmd,
         "SUBSCRIBE" | "PSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "PING" | "QUIT" | "RESET"
     )
+}
+
+/// The commands every client repeats (where is the master, is the
+/// server alive), answered from the arguments as received: no copy of
+/// them, no case conversion, no name built. The same checks as
+/// [`dispatch`] (logged in, allowed to read, not in RESP2 subscribed mode
+/// for `SENTINEL`); `None` sends anything else the long way. They change
+/// nothing of the connection, so only [`Conn::touch`] follows them.
+pub fn hot(api: &Api, conn: &mut Conn, args: &[Bytes]) -> Option<(Reply, &'static str)> {
+    let user = conn.user.as_ref()?;
+    match args {
+        [cmd] if cmd.eq_ignore_ascii_case(b"PING") && conn.subs.count() == 0 => {
+            acl::allows(user.role, acl::Permission::Connection)
+                .then(|| (Reply::Simple("PONG".into()), "ping"))
+        }
+        [cmd, sub, name]
+            if cmd.eq_ignore_ascii_case(b"SENTINEL")
+                && (sub.eq_ignore_ascii_case(b"GET-MASTER-ADDR-BY-NAME")
+                    || sub.eq_ignore_ascii_case(b"GET-PRIMARY-ADDR-BY-NAME"))
+                && (conn.resp3 || conn.subs.count() == 0)
+                && acl::allows(user.role, acl::Permission::Read) =>
+        {
+            let what = if sub[4].eq_ignore_ascii_case(&b'm') {
+                "sentinel|get-master-addr-by-name"
+            } else {
+                "sentinel|get-primary-addr-by-name"
+            };
+            Some((
+                super::sentinel::master_addr_cached(&api.daemon, name, &mut conn.master),
+                what,
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// Run one command. Returns the reply and the command's name for
@@ -328,7 +363,7 @@ fn client(api: &Api, conn: &mut Conn, rest: &[String]) -> Reply {
             Reply::ok()
         }
         "INFO" if rest.len() == 1 => {
-            conn.publish_state("client|info");
+            conn.publish_state(Cow::Borrowed("client|info"));
             Reply::Verbatim(format!("{}\n", conn.entry.line(now)))
         }
         "INFO" => arity("client|info"),
@@ -340,7 +375,7 @@ fn client(api: &Api, conn: &mut Conn, rest: &[String]) -> Reply {
 }
 
 fn client_list(api: &Api, conn: &Conn, opts: &[String], now: Instant) -> Reply {
-    conn.publish_state("client|list");
+    conn.publish_state(Cow::Borrowed("client|list"));
     let mut ids: Option<Vec<u64>> = None;
     let mut kind: Option<String> = None;
     let mut i = 0;

@@ -2,6 +2,7 @@
 //! open connections (`CLIENT LIST`, `CLIENT KILL`) and the state of one
 //! connection as the commands see it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,8 +28,6 @@ pub const MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
 /// (the client is then not read either); pub/sub messages that find no room
 /// within [`SLOW_SUBSCRIBER_GRACE`] disconnect the subscriber.
 pub const OUTPUT_BUDGET: usize = 8 * 1024 * 1024;
-/// Unsent replies and messages one connection may hold, in entries.
-pub const OUTPUT_QUEUE: usize = 1024;
 /// How long a pub/sub message may wait for room in the output queue
 /// before its subscriber counts as slow (a burst the writer has not had
 /// the time to flush is not slowness).
@@ -47,8 +46,6 @@ pub struct Limits {
     pub max_reply: usize,
     /// [`OUTPUT_BUDGET`].
     pub output_budget: usize,
-    /// [`OUTPUT_QUEUE`].
-    pub output_queue: usize,
 }
 
 impl Limits {
@@ -60,7 +57,6 @@ impl Limits {
             max_args: MAX_ARGS,
             max_reply: MAX_REPLY_BYTES,
             output_budget: OUTPUT_BUDGET,
-            output_queue: OUTPUT_QUEUE,
         }
     }
 }
@@ -107,7 +103,7 @@ pub struct ClientState {
     /// `CLIENT SETINFO LIB-VER`.
     pub lib_ver: String,
     /// Last command (lower case, `sentinel|masters` style).
-    pub last_cmd: String,
+    pub last_cmd: Cow<'static, str>,
     /// When the last command ran.
     pub last_active: Instant,
     /// Subscribed channels.
@@ -254,9 +250,11 @@ pub struct Conn {
     /// Channels and patterns.
     pub subs: pubsub::Subscriptions,
     /// The event bus, while subscribed to anything.
-    pub events: Option<broadcast::Receiver<Event>>,
+    pub events: Option<broadcast::Receiver<Arc<Event>>>,
     /// This connection in the registry.
     pub entry: Arc<ClientEntry>,
+    /// The master address it asked for last.
+    pub master: Option<super::sentinel::MasterCache>,
 }
 
 impl Conn {
@@ -270,21 +268,42 @@ impl Conn {
         }
     }
 
-    /// Copy what `CLIENT LIST` shows into the registry entry.
-    pub(crate) fn publish_state(&self, cmd: &str) {
+    /// After a command that changed nothing of the connection: its name
+    /// (a static one: nothing copied) and when it ran.
+    pub(crate) fn touch(&self, cmd: &'static str) {
         let mut s = self.entry.state.lock().unwrap_or_else(|e| e.into_inner());
-        s.name = self.name.clone().unwrap_or_default();
-        s.lib_name.clone_from(&self.lib.0);
-        s.lib_ver.clone_from(&self.lib.1);
-        s.last_cmd = cmd.to_string();
+        if !matches!(&s.last_cmd, Cow::Borrowed(c) if std::ptr::eq(*c, cmd)) {
+            s.last_cmd = Cow::Borrowed(cmd);
+        }
+        s.last_active = Instant::now();
+    }
+
+    /// Copy what `CLIENT LIST` shows into the registry entry.
+    ///
+    /// Runs after every command: a text is copied only when it changed,
+    /// and the command's name is moved in (a static one for the commands
+    /// every client repeats), so a client repeating a command allocates
+    /// and compares nothing long here.
+    pub(crate) fn publish_state(&self, cmd: Cow<'static, str>) {
+        fn set(to: &mut String, from: &str) {
+            if to != from {
+                to.clear();
+                to.push_str(from);
+            }
+        }
+        let mut s = self.entry.state.lock().unwrap_or_else(|e| e.into_inner());
+        set(&mut s.name, self.name.as_deref().unwrap_or_default());
+        set(&mut s.lib_name, &self.lib.0);
+        set(&mut s.lib_ver, &self.lib.1);
+        s.last_cmd = cmd;
         s.last_active = Instant::now();
         s.sub = self.subs.channels();
         s.psub = self.subs.patterns();
         s.resp = if self.resp3 { 3 } else { 2 };
-        s.user = self
-            .user
-            .as_ref()
-            // Redis shows a connection that has not logged in as default.
-            .map_or_else(|| "default".to_string(), |u| u.name.to_string());
+        // Redis shows a connection that has not logged in as default.
+        set(
+            &mut s.user,
+            self.user.as_ref().map_or("default", |u| &u.name),
+        );
     }
 }

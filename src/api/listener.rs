@@ -1,18 +1,19 @@
-//! The RESP listener's sockets: accepting connections within
-//! `max_clients`, one reader and one writer task per connection, the
-//! bounded output queue and the pub/sub forwarding.
+//! The RESP listener's sockets: binding with the configured backlog,
+//! accepting connections within `max_clients`, one task per connection
+//! that reads, runs every complete request of a read and writes their
+//! replies at once, the bounded output buffer and the pub/sub forwarding.
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::StreamExt;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
+use tokio::sync::broadcast;
 use tokio::time::Instant;
-use tokio_util::codec::FramedRead;
+use tokio_util::codec::Decoder;
 use tokio_util::sync::CancellationToken;
 
 use super::commands;
@@ -29,6 +30,92 @@ const FLUSH_GRACE: Duration = Duration::from_secs(2);
 /// How long a client of a TLS listener may take to finish its handshake
 /// (it holds a `max_clients` slot meanwhile).
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bind a RESP listener on `addr` (every address it resolves to, in turn,
+/// as [`TcpListener::bind`]) with an accept queue of `backlog`: the
+/// standard library's 128 overflowed when a few thousand clients connected
+/// at once (each overflow costs its client a 1 s SYN retransmit); Redis and
+/// Sentinel use 511.
+pub async fn bind(addr: &str, backlog: u32) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let sock = if a.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        // As the standard library: a restarted daemon binds its port again
+        // while old connections are in TIME_WAIT.
+        sock.set_reuseaddr(true)?;
+        match sock.bind(a).and_then(|()| sock.listen(backlog)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{addr} resolves to no address"),
+        )
+    }))
+}
+
+/// [`serve`] on a thread of its own, with a runtime of one thread, until
+/// `cancel`; returns once that thread has stopped.
+///
+/// Why: on the daemon's runtime, whose worker threads steal tasks from
+/// each other, a request could wake a second worker (a futex call and a
+/// context switch for a task that one thread could run at once), and the
+/// connections' tasks moved between threads. One thread serving every
+/// connection, as Sentinel's event loop does, costs one `epoll_wait`, one
+/// read and one write per request or pipelined batch (strace), and the
+/// API does not compete with the groups' probes for a worker. The
+/// commands still reach the groups by their channels.
+pub async fn serve_on_own_thread(
+    api: Arc<Api>,
+    listener: TcpListener,
+    tls: Option<Shared<rustls::ServerConfig>>,
+    cancel: CancellationToken,
+) {
+    // The listener is registered with this runtime's reactor: hand the
+    // socket itself to the new runtime.
+    let std_listener = match listener.into_std() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot move the RESP listener to its thread");
+            return;
+        }
+    };
+    let (done, stopped) = tokio::sync::oneshot::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("picket-api".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the RESP listener's runtime");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                match TcpListener::from_std(std_listener) {
+                    Ok(l) => serve(api, l, tls, cancel).await,
+                    Err(e) => tracing::error!(error = %e, "cannot serve the RESP listener"),
+                }
+            });
+            // Dropping the runtime ends the connections' tasks.
+            drop(rt);
+            drop(done);
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the RESP listener's thread");
+        return;
+    }
+    let _ = stopped.await;
+}
 
 /// Serve one listener of `api` until `cancel`: TLS with the configuration
 /// in `tls` at each handshake (it may be replaced while serving), or
@@ -104,11 +191,17 @@ async fn accept(
     api: &Arc<Api>,
 ) {
     let Some(cfg) = tls else {
-        return handle(sock, peer, laddr, api).await;
+        // Owned halves of the socket itself: no lock between reading and
+        // writing, as the generic split needs.
+        let (rd, wr) = sock.into_split();
+        return handle(rd, wr, peer, laddr, api).await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::current(&cfg));
     let why = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
-        Ok(Ok(stream)) => return handle(stream, peer, laddr, api).await,
+        Ok(Ok(stream)) => {
+            let (rd, wr) = tokio::io::split(stream);
+            return handle(rd, wr, peer, laddr, api).await;
+        }
         Ok(Err(e)) => e.to_string(),
         Err(_) => format!("no handshake within {TLS_HANDSHAKE_TIMEOUT:?}"),
     };
@@ -118,111 +211,94 @@ async fn accept(
     tracing::info!(client = %peer, "TLS handshake refused: {why}");
 }
 
-/// One unit of output and the share of the byte budget it holds until it
-/// is written.
-struct Out {
-    bytes: Bytes,
-    _permit: Option<OwnedSemaphorePermit>,
+/// Room asked of the input buffer before a read: a batch of pipelined
+/// requests (16 `SENTINEL get-master-addr-by-name` are about 1 KiB) fits
+/// in one read, and an idle connection holds no more. A read that fills
+/// it doubles it, up to [`MAX_READ_CHUNK`].
+const READ_CHUNK: usize = 4 * 1024;
+/// The most a read asks for.
+const MAX_READ_CHUNK: usize = 64 * 1024;
+/// An output buffer left larger than this once written (after a large
+/// reply) is given back instead of kept for the next reply.
+const KEEP_OUTPUT: usize = 64 * 1024;
+
+/// A pub/sub message that found no room in the output buffer, and when
+/// its subscriber counts as slow.
+struct Held {
+    bytes: BytesMut,
+    deadline: Instant,
 }
 
-/// The output side of a connection.
-struct Output {
-    tx: mpsc::Sender<Out>,
-    budget: Arc<Semaphore>,
-    size: usize,
+/// One connection's socket and buffers. One task reads, runs and writes:
+/// the replies to one read's requests are encoded into one buffer and
+/// written with one system call, and no other task is woken per request.
+struct Io<R, W> {
+    rd: R,
+    wr: W,
+    decoder: RequestDecoder,
+    input: BytesMut,
+    /// What the next read asks room for.
+    chunk: usize,
+    /// Encoded replies and messages not yet written.
+    output: BytesMut,
+    /// [`Limits::output_budget`](super::Limits::output_budget).
+    budget: usize,
+    held: Option<Held>,
 }
 
-/// Why output could not be queued.
-#[derive(Debug, PartialEq, Eq)]
-enum Blocked {
-    /// The writer is gone (the socket failed).
-    Closed,
-    /// No room (only for messages, which never wait).
-    Full,
-}
-
-impl Output {
-    fn permits(&self, len: usize) -> u32 {
-        u32::try_from(len.clamp(1, self.size)).unwrap_or(u32::MAX)
+impl<R, W: AsyncWrite + Unpin> Io<R, W> {
+    /// Write until at most `keep` bytes are left unsent.
+    async fn drain_to(&mut self, keep: usize) -> std::io::Result<()> {
+        while self.output.len() > keep {
+            let n = self.wr.write(&self.output).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.wrote(n);
+        }
+        if self.output.is_empty() {
+            self.wr.flush().await?;
+        }
+        Ok(())
     }
 
-    /// Queue a reply, waiting for room.
-    async fn reply(&self, bytes: Bytes) -> Result<(), Blocked> {
-        let permit = self
-            .budget
-            .clone()
-            .acquire_many_owned(self.permits(bytes.len()))
-            .await
-            .map_err(|_| Blocked::Closed)?;
-        self.tx
-            .send(Out {
-                bytes,
-                _permit: Some(permit),
-            })
-            .await
-            .map_err(|_| Blocked::Closed)
-    }
-
-    /// Queue a pub/sub message, waiting at most [`SLOW_SUBSCRIBER_GRACE`]
-    /// for room.
-    async fn message(&self, bytes: Bytes) -> Result<(), Blocked> {
-        let n = self.permits(bytes.len());
-        if let Ok(permit) = self.budget.clone().try_acquire_many_owned(n) {
-            match self.tx.try_send(Out {
-                bytes,
-                _permit: Some(permit),
-            }) {
-                Ok(()) => return Ok(()),
-                Err(mpsc::error::TrySendError::Closed(_)) => return Err(Blocked::Closed),
-                Err(mpsc::error::TrySendError::Full(out)) => {
-                    return self.wait_for_room(out).await;
-                }
+    /// `n` bytes went out: drop them, and take in a held message if it
+    /// fits now.
+    fn wrote(&mut self, n: usize) {
+        self.output.advance(n);
+        if self.output.is_empty() {
+            if self.output.capacity() > KEEP_OUTPUT {
+                self.output = BytesMut::new();
+            } else {
+                // Back to the start of the buffer, its capacity kept.
+                self.output.clear();
             }
         }
-        let out = Out {
-            bytes,
-            _permit: None,
-        };
-        self.wait_for_room(out).await
-    }
-
-    async fn wait_for_room(&self, mut out: Out) -> Result<(), Blocked> {
-        let n = self.permits(out.bytes.len());
-        let wait = async {
-            if out._permit.is_none() {
-                out._permit = Some(
-                    self.budget
-                        .clone()
-                        .acquire_many_owned(n)
-                        .await
-                        .map_err(|_| Blocked::Closed)?,
-                );
-            }
-            self.tx.send(out).await.map_err(|_| Blocked::Closed)
-        };
-        match tokio::time::timeout(SLOW_SUBSCRIBER_GRACE, wait).await {
-            Ok(r) => r,
-            Err(_) => Err(Blocked::Full),
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|h| self.output.len() + h.bytes.len() <= self.budget)
+            && let Some(h) = self.held.take()
+        {
+            self.output.extend_from_slice(&h.bytes);
         }
     }
-}
-
-async fn write_loop<W: AsyncWrite + Unpin>(mut wr: W, mut rx: mpsc::Receiver<Out>) {
-    while let Some(out) = rx.recv().await {
-        if wr.write_all(&out.bytes).await.is_err() {
-            return;
-        }
-        drop(out);
-    }
-    let _ = wr.shutdown().await;
 }
 
 /// Receive the next event, or wait forever when not subscribed.
 async fn next_event(
-    rx: &mut Option<broadcast::Receiver<Event>>,
-) -> Result<Event, broadcast::error::RecvError> {
+    rx: &mut Option<broadcast::Receiver<Arc<Event>>>,
+) -> Result<Arc<Event>, broadcast::error::RecvError> {
     match rx {
         Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Wait until `held`'s deadline, or forever when nothing is held.
+async fn held_deadline(held: &Option<Held>) {
+    match held {
+        Some(h) => tokio::time::sleep_until(h.deadline).await,
         None => std::future::pending().await,
     }
 }
@@ -235,19 +311,21 @@ enum End {
     Abort,
 }
 
-async fn handle<S>(sock: S, peer: String, laddr: String, api: &Arc<Api>)
+async fn handle<R, W>(rd: R, wr: W, peer: String, laddr: String, api: &Arc<Api>)
 where
-    S: AsyncRead + AsyncWrite + Send + 'static,
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
 {
-    let (rd, wr) = tokio::io::split(sock);
-    let (tx, rx) = mpsc::channel(api.limits.output_queue.max(1));
-    let size = api.limits.output_budget.clamp(1, Semaphore::MAX_PERMITS);
-    let out = Output {
-        tx,
-        budget: Arc::new(Semaphore::new(size)),
-        size,
+    let mut io = Io {
+        rd,
+        wr,
+        decoder: RequestDecoder::new(api.limits.max_args, api.limits.max_request),
+        input: BytesMut::new(),
+        chunk: READ_CHUNK,
+        output: BytesMut::new(),
+        budget: api.limits.output_budget.max(1),
+        held: None,
     };
-    let writer = tokio::spawn(write_loop(wr, rx));
     let now = Instant::now();
     let entry = Arc::new(ClientEntry {
         id: api.next_client_id(),
@@ -259,7 +337,7 @@ where
             name: String::new(),
             lib_name: String::new(),
             lib_ver: String::new(),
-            last_cmd: String::new(),
+            last_cmd: Default::default(),
             last_active: now,
             sub: 0,
             psub: 0,
@@ -280,18 +358,16 @@ where
         subs: Default::default(),
         events: None,
         entry: entry.clone(),
+        master: None,
     };
-    let end = run(&mut conn, api, rd, &out).await;
+    let end = run(&mut conn, api, &mut io).await;
     api.unregister(entry.id);
-    drop(out);
-    match end {
-        End::Flush => {
-            let abort = writer.abort_handle();
-            if tokio::time::timeout(FLUSH_GRACE, writer).await.is_err() {
-                abort.abort();
-            }
-        }
-        End::Abort => writer.abort(),
+    if let End::Flush = end {
+        let _ = tokio::time::timeout(FLUSH_GRACE, async {
+            io.drain_to(0).await?;
+            io.wr.shutdown().await
+        })
+        .await;
     }
 }
 
@@ -301,74 +377,203 @@ fn slow_subscriber(conn: &Conn, why: &str) -> End {
     End::Abort
 }
 
-async fn run<R: AsyncRead + Unpin>(conn: &mut Conn, api: &Arc<Api>, rd: R, out: &Output) -> End {
-    let mut frames = FramedRead::new(
-        rd,
-        RequestDecoder::new(api.limits.max_args, api.limits.max_request),
-    );
+/// What one turn of the connection's loop saw.
+enum Turn {
+    Killed,
+    Event(Result<Arc<Event>, broadcast::error::RecvError>),
+    Read(std::io::Result<usize>),
+    Wrote(std::io::Result<usize>),
+    Slow,
+}
+
+async fn run<R, W>(conn: &mut Conn, api: &Arc<Api>, io: &mut Io<R, W>) -> End
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let kill = conn.entry.kill.clone();
+    // One wait for `CLIENT KILL`, polled by every turn: a new one per turn
+    // would register (and remove) a waiter under a lock each time.
+    let killed = kill.cancelled();
+    tokio::pin!(killed);
     loop {
-        tokio::select! {
+        // Read while the unsent output is within the budget (replies wait
+        // for room: the client is then not read either); write whenever
+        // something is unsent; take events unless one is already held.
+        let reading = io.output.len() < io.budget && io.held.is_none();
+        let room = io.input.capacity() - io.input.len();
+        if reading && room < io.chunk / 4 {
+            io.input.reserve(io.chunk);
+        }
+        let room = io.input.capacity() - io.input.len();
+        let turn = tokio::select! {
             biased;
-            _ = kill.cancelled() => return End::Abort,
-            ev = next_event(&mut conn.events) => match ev {
-                Ok(ev) => {
-                    for msg in conn.subs.messages(&ev) {
-                        match out.message(msg.to_bytes(conn.resp3)).await {
-                            Ok(()) => {}
-                            Err(Blocked::Full) => return slow_subscriber(conn, "output queue full"),
-                            Err(Blocked::Closed) => return End::Abort,
-                        }
-                    }
-                }
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    return slow_subscriber(conn, &format!("missed {n} events"));
-                }
-                Err(broadcast::error::RecvError::Closed) => conn.events = None,
-            },
-            next = frames.next() => {
-                let args = match next {
-                    None => return End::Flush,
-                    Some(Ok(args)) => args,
-                    Some(Err(RequestError::Io(_))) => return End::Abort,
-                    Some(Err(e)) => {
-                        metrics::counter!(m::API_REJECTED, "reason" => e.reason()).increment(1);
-                        api.stats.error_replies.fetch_add(1, Ordering::Relaxed);
-                        let _ = out.reply(Reply::err(e.to_string()).to_bytes(conn.resp3)).await;
-                        return End::Flush;
-                    }
-                };
-                api.stats.commands_processed.fetch_add(1, Ordering::Relaxed);
-                let (reply, cmd_name) = tokio::select! {
-                    biased;
-                    _ = kill.cancelled() => return End::Abort,
-                    r = commands::dispatch(api, conn, args) => r,
-                };
-                conn.publish_state(&cmd_name);
-                let mut bytes = reply.to_bytes(conn.resp3);
-                if bytes.len() > api.limits.max_reply {
-                    metrics::counter!(m::API_REJECTED, "reason" => "reply_too_large").increment(1);
-                    bytes = Reply::err(format!(
-                        "ERR reply of {} bytes exceeds the limit of {} bytes",
-                        bytes.len(),
-                        api.limits.max_reply
-                    ))
-                    .to_bytes(conn.resp3);
-                    api.stats.error_replies.fetch_add(1, Ordering::Relaxed);
-                } else if reply.is_error() {
-                    api.stats.error_replies.fetch_add(1, Ordering::Relaxed);
-                }
-                let queued = tokio::select! {
-                    biased;
-                    _ = kill.cancelled() => return End::Abort,
-                    q = out.reply(bytes) => q,
-                };
-                if queued.is_err() {
+            _ = &mut killed => Turn::Killed,
+            _ = held_deadline(&io.held) => Turn::Slow,
+            n = io.wr.write(&io.output), if !io.output.is_empty() => Turn::Wrote(n),
+            ev = next_event(&mut conn.events), if io.held.is_none() => Turn::Event(ev),
+            n = io.rd.read_buf(&mut io.input), if reading => Turn::Read(n),
+        };
+        match turn {
+            Turn::Killed => return End::Abort,
+            Turn::Slow => return slow_subscriber(conn, "output queue full"),
+            Turn::Wrote(Ok(n)) if n > 0 => {
+                io.wrote(n);
+                if io.output.is_empty() && io.wr.flush().await.is_err() {
                     return End::Abort;
                 }
-                if conn.quit {
-                    return End::Flush;
+            }
+            Turn::Wrote(_) => return End::Abort,
+            Turn::Event(Ok(ev)) => {
+                // Every event already queued, at once (a failover emits a
+                // burst, and every subscriber gets every event): one
+                // wake-up and one write instead of one per event.
+                let mut next = Some(ev);
+                while let Some(ev) = next.take() {
+                    queue_messages(conn, io, &ev);
+                    if io.held.is_some() {
+                        break;
+                    }
+                    next = match conn.events.as_mut().map(|rx| rx.try_recv()) {
+                        Some(Ok(ev)) => Some(ev),
+                        Some(Err(broadcast::error::TryRecvError::Lagged(n))) => {
+                            return slow_subscriber(conn, &format!("missed {n} events"));
+                        }
+                        // Empty; Closed is seen by the next wait.
+                        _ => None,
+                    };
                 }
+            }
+            Turn::Event(Err(broadcast::error::RecvError::Lagged(n))) => {
+                return slow_subscriber(conn, &format!("missed {n} events"));
+            }
+            Turn::Event(Err(broadcast::error::RecvError::Closed)) => conn.events = None,
+            Turn::Read(Ok(0)) => return End::Flush,
+            Turn::Read(Ok(n)) => {
+                if n >= room {
+                    io.chunk = (io.chunk * 2).min(MAX_READ_CHUNK);
+                }
+                if let Some(end) = answer(conn, api, io, &kill).await {
+                    return end;
+                }
+                // One write for the whole batch, at once: the socket is
+                // almost always writable, and the next turn reads.
+                if !io.output.is_empty() {
+                    match io.wr.write(&io.output).await {
+                        Ok(n) if n > 0 => io.wrote(n),
+                        _ => return End::Abort,
+                    }
+                    if io.output.is_empty() && io.wr.flush().await.is_err() {
+                        return End::Abort;
+                    }
+                }
+            }
+            Turn::Read(Err(_)) => return End::Abort,
+        }
+    }
+}
+
+/// Encode what `ev` means for this connection into its output, or hold it
+/// when there is no room (then the subscriber has
+/// [`SLOW_SUBSCRIBER_GRACE`] to make room).
+fn queue_messages<R, W>(conn: &Conn, io: &mut Io<R, W>, ev: &Event) {
+    let mut msgs = BytesMut::new();
+    for msg in conn.subs.messages(ev) {
+        msg.encode(&mut msgs, conn.resp3);
+    }
+    if msgs.is_empty() {
+        return;
+    }
+    if io.output.len() + msgs.len() <= io.budget {
+        io.output.extend_from_slice(&msgs);
+    } else {
+        io.held = Some(Held {
+            bytes: msgs,
+            deadline: Instant::now() + SLOW_SUBSCRIBER_GRACE,
+        });
+    }
+}
+
+/// Run every complete request in the input buffer, encoding the replies
+/// into the output buffer. `Some` when the connection ends.
+async fn answer<R, W: AsyncWrite + Unpin>(
+    conn: &mut Conn,
+    api: &Arc<Api>,
+    io: &mut Io<R, W>,
+    kill: &CancellationToken,
+) -> Option<End> {
+    // Counted once per batch: the counter is shared by every worker
+    // thread, and one increment per request made them fight over it.
+    let mut ran = 0u64;
+    let end = answer_batch(conn, api, io, kill, &mut ran).await;
+    api.stats
+        .commands_processed
+        .fetch_add(ran, Ordering::Relaxed);
+    end
+}
+
+async fn answer_batch<R, W: AsyncWrite + Unpin>(
+    conn: &mut Conn,
+    api: &Arc<Api>,
+    io: &mut Io<R, W>,
+    kill: &CancellationToken,
+    ran: &mut u64,
+) -> Option<End> {
+    loop {
+        let args = match io.decoder.decode(&mut io.input) {
+            Ok(Some(args)) => args,
+            Ok(None) => return None,
+            Err(RequestError::Io(_)) => return Some(End::Abort),
+            Err(e) => {
+                metrics::counter!(m::API_REJECTED, "reason" => e.reason()).increment(1);
+                api.stats.error_replies.fetch_add(1, Ordering::Relaxed);
+                Reply::err(e.to_string()).encode(&mut io.output, conn.resp3);
+                return Some(End::Flush);
+            }
+        };
+        *ran += 1;
+        let reply = if let Some((reply, name)) = commands::hot(api, conn, &args) {
+            conn.touch(name);
+            reply
+        } else {
+            // The command first: most complete at once, and then the wait
+            // for `CLIENT KILL` is never polled (nor registered).
+            let (reply, name) = tokio::select! {
+                biased;
+                r = commands::dispatch(api, conn, args) => r,
+                _ = kill.cancelled() => return Some(End::Abort),
+            };
+            conn.publish_state(Cow::Owned(name));
+            reply
+        };
+        let start = io.output.len();
+        reply.encode(&mut io.output, conn.resp3);
+        let len = io.output.len() - start;
+        if len > api.limits.max_reply {
+            io.output.truncate(start);
+            metrics::counter!(m::API_REJECTED, "reason" => "reply_too_large").increment(1);
+            Reply::err(format!(
+                "ERR reply of {len} bytes exceeds the limit of {} bytes",
+                api.limits.max_reply
+            ))
+            .encode(&mut io.output, conn.resp3);
+            api.stats.error_replies.fetch_add(1, Ordering::Relaxed);
+        } else if reply.is_error() {
+            api.stats.error_replies.fetch_add(1, Ordering::Relaxed);
+        }
+        if conn.quit {
+            return Some(End::Flush);
+        }
+        if io.output.len() >= io.budget {
+            // A long pipeline of large replies: wait for room before the
+            // next request, as a client that does not read is not read.
+            let room = tokio::select! {
+                biased;
+                _ = kill.cancelled() => return Some(End::Abort),
+                r = io.drain_to(io.budget / 2) => r,
+            };
+            if room.is_err() {
+                return Some(End::Abort);
             }
         }
     }
@@ -475,7 +680,6 @@ mod tests {
     #[tokio::test]
     async fn a_subscriber_that_stops_reading_is_cut_off_and_others_are_not() {
         let mut limits = Limits::new(10);
-        limits.output_queue = 8;
         limits.output_budget = 64 * 1024;
         let (d, addr, cancel, _dir) = start(limits).await;
         // A tiny receive window, so that the kernel holds little for it.

@@ -7,11 +7,15 @@
 //! (a subscriber that does not read is disconnected), and `AUTH` before
 //! anything else when a password is set.
 //!
-//! Each connection has two tasks: the reader decodes requests, runs them
-//! and forwards events to subscribers; the writer drains a bounded queue of
-//! encoded replies into the socket. The queue is bounded twice, in entries
-//! and in bytes, so a connection holds at most [`OUTPUT_BUDGET`] bytes of
-//! unsent output whatever the client does.
+//! Each connection is one task that reads, runs and writes: every complete
+//! request of one read is answered into one output buffer, written with one
+//! system call (a pipelined batch costs one read and one write, and no
+//! other task is woken per request), and events are encoded into the same
+//! buffer for subscribers. The unsent output is bounded in bytes: the
+//! client is not read while it holds [`OUTPUT_BUDGET`], and a pub/sub
+//! message that finds no room within [`SLOW_SUBSCRIBER_GRACE`] disconnects
+//! its subscriber, so a connection holds at most about that much whatever
+//! the client does.
 
 pub mod acl;
 pub mod commands;
@@ -27,7 +31,7 @@ pub mod util;
 
 pub use conn::{
     Api, ClientEntry, ClientState, Conn, Limits, MAX_ARGS, MAX_REPLY_BYTES, MAX_REQUEST_FRAME,
-    OUTPUT_BUDGET, OUTPUT_QUEUE, SLOW_SUBSCRIBER_GRACE, Stats,
+    OUTPUT_BUDGET, SLOW_SUBSCRIBER_GRACE, Stats,
 };
 pub use listener::serve;
 pub use reply::Reply;

@@ -33,6 +33,9 @@ pub enum Reply {
     Set(Vec<Reply>),
     /// Several replies in a row, one per argument (`SUBSCRIBE a b`).
     Many(Vec<Reply>),
+    /// A reply already encoded, the same in RESP2 and RESP3 (a master's
+    /// address, kept per connection while the group's view is unchanged).
+    Encoded(Bytes),
 }
 
 /// A RESP2 frame built elsewhere (the peer protocol's own encoders, such as
@@ -133,6 +136,7 @@ impl Reply {
                     i.encode(buf, resp3);
                 }
             }
+            Reply::Encoded(b) => buf.put_slice(b),
             Reply::Set(items) => {
                 buf.put_u8(if resp3 { b'~' } else { b'*' });
                 put_line(buf, items.len().to_string().as_bytes());
@@ -219,5 +223,8 @@ mod tests {
         assert_eq!(enc(&Reply::Null, false), b"$-1\r\n");
         assert_eq!(enc(&Reply::Null, true), b"_\r\n");
         assert_eq!(enc(&Reply::num(7), true), b"$1\r\n7\r\n");
+        let e = Reply::Encoded(Bytes::from_static(b"+x\r\n"));
+        assert_eq!(enc(&e, false), b"+x\r\n");
+        assert_eq!(enc(&e, true), b"+x\r\n");
     }
 }

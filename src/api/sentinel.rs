@@ -7,6 +7,8 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::peer::{is_down, simulate_failure, switchover};
@@ -265,8 +267,71 @@ pub fn peer_map(v: &GroupView, p: &PeerView, never_ms: u64) -> Reply {
     b.done()
 }
 
+/// A group's current view. The handle is only borrowed: cloning it (its
+/// mailbox, view and cancellation token) cost more than the lookup, on
+/// the path of every `GET-MASTER-ADDR-BY-NAME`.
 fn view(d: &Daemon, name: &str) -> Option<Arc<GroupView>> {
-    d.group(name).map(|h| h.view.borrow().clone())
+    d.groups
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(name)
+        .map(|h| h.view.borrow().clone())
+}
+
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME <name>`: the master's announced
+/// address, or a null array for an unknown name.
+pub fn master_addr(d: &Daemon, name: &str) -> Reply {
+    match view(d, name) {
+        Some(v) => address_reply(&v),
+        None => Reply::NullArray,
+    }
+}
+
+fn address_reply(v: &GroupView) -> Reply {
+    let m = v.announced(&v.master);
+    Reply::Array(vec![Reply::bulk(&m.host), Reply::num(m.port)])
+}
+
+/// The last group a connection asked the master of, with the answer
+/// encoded: a client asks for the same group again and again, and while
+/// the group's view has not changed the answer is the same bytes (no
+/// lock, no lookup, no reference count shared with other threads).
+#[derive(Debug)]
+pub struct MasterCache {
+    name: Bytes,
+    view: watch::Receiver<Arc<GroupView>>,
+    reply: Bytes,
+}
+
+/// [`master_addr`] through the connection's [`MasterCache`].
+pub fn master_addr_cached(d: &Daemon, name: &Bytes, cache: &mut Option<MasterCache>) -> Reply {
+    if let Some(c) = cache
+        && c.name == *name
+        && matches!(c.view.has_changed(), Ok(false))
+    {
+        return Reply::Encoded(c.reply.clone());
+    }
+    let Ok(text) = std::str::from_utf8(name) else {
+        return Reply::NullArray;
+    };
+    let Some(mut rx) = d
+        .groups
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(text)
+        .map(|h| h.view.clone())
+    else {
+        *cache = None;
+        return Reply::NullArray;
+    };
+    let v = rx.borrow_and_update().clone();
+    let reply = address_reply(&v).to_bytes(false);
+    *cache = Some(MasterCache {
+        name: name.clone(),
+        view: rx,
+        reply: reply.clone(),
+    });
+    Reply::Encoded(reply)
 }
 
 /// `+OK <n> usable Sentinels...` or `-NOQUORUM ...`.
@@ -415,13 +480,7 @@ pub async fn sentinel(d: &Daemon, rest: &[String]) -> Reply {
             if !named(2) {
                 return ar();
             }
-            match view(d, &rest[1]) {
-                Some(v) => {
-                    let m = v.announced(&v.master);
-                    Reply::Array(vec![Reply::bulk(&m.host), Reply::num(m.port)])
-                }
-                None => Reply::NullArray,
-            }
+            master_addr(d, &rest[1])
         }
         "ckquorum" => {
             if !named(2) {
