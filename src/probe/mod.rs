@@ -486,7 +486,7 @@ async fn ping_round(
     let (reply, fresh) =
         match race_late(s, c.call_timeout(["PING"], patience), start + patience).await {
             Raced::Own(r) => (r, None),
-            Raced::Fresh(conn, r) => (r, Some(conn)),
+            Raced::Fresh(conn, r) => (r, Some(*conn)),
         };
     if let Some(f) = fresh {
         // The old connection still owes a reply: it goes.
@@ -534,9 +534,10 @@ async fn ping_round(
 enum Raced<T> {
     /// The request on the probe's own connection.
     Own(T),
-    /// A PING on a new connection, validly answered.
+    /// A PING on a new connection, validly answered (boxed: a connection
+    /// is large, and this is the rare case).
     Fresh(
-        Connection,
+        Box<Connection>,
         Result<redis_protocol::resp2::types::BytesFrame, RespError>,
     ),
 }
@@ -573,7 +574,7 @@ async fn race_late<F: std::future::Future>(
             }
             Some(h) = hedges.next(), if !hedges.is_empty() => {
                 if let Some((c, r)) = h {
-                    return Raced::Fresh(c, r);
+                    return Raced::Fresh(Box::new(c), r);
                 }
             }
         }
@@ -644,7 +645,7 @@ async fn info_round(
                 Raced::Fresh(conn, _) => {
                     ctl.last_valid
                         .store(stamp(Instant::now()), Ordering::Relaxed);
-                    spare = Some(conn);
+                    spare = Some(*conn);
                 }
             }
         };
