@@ -511,3 +511,111 @@ fn import_from_files_never_overwrites_and_names_what_it_skips() {
     let (ok, _, stderr) = run(vec!["import".into(), "--out".into(), "x".into()]);
     assert!(!ok && stderr.contains("--from-sentinel"), "{stderr}");
 }
+
+/// A live Sentinel that serves only TLS (`port 0`, `tls-port`) and asks
+/// its clients for a certificate: the import reaches it with `--tls`,
+/// `--cacert`, `--cert` and `--key`, and writes a configuration that
+/// names its master, which `check-config` accepts.
+#[test]
+fn import_from_a_live_tls_sentinel() {
+    use common::tls::{TestCa, Validity};
+    let topo = Topology::master_with_replicas(1);
+    topo.wait_replicas_up(READY_TIMEOUT);
+    let master = topo.master.addr();
+    let dir = tempfile::Builder::new()
+        .prefix("picket-import-tls-")
+        .tempdir()
+        .unwrap();
+    let ip = next_loopback_ip();
+    let port = free_port(&ip);
+    let ca = TestCa::new("sentinel test CA");
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let server = ca.issue_files(dir.path(), "sentinel", &[&ip], Validity::Now);
+    let client = ca.issue_files(dir.path(), "client", &["client"], Validity::Now);
+    let conf = dir.path().join("sentinel.conf");
+    fs::write(
+        &conf,
+        format!(
+            "bind {ip}\nport 0\ntls-port {port}\ntls-cert-file {}\ntls-key-file {}\n\
+             tls-ca-cert-file {}\ntls-auth-clients yes\ndir {}\nlogfile {}\n\
+             sentinel announce-ip {ip}\nsentinel announce-port {port}\n\
+             sentinel monitor cache {} {} 1\nsentinel down-after-milliseconds cache 1000\n",
+            server.cert.display(),
+            server.key.display(),
+            ca_file.display(),
+            dir.path().display(),
+            dir.path().join("sentinel.log").display(),
+            master.ip(),
+            master.port()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("redis-sentinel")
+        .arg(&conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn redis-sentinel: {e}"));
+    // Owned before the waits: a panic kills it by PID.
+    let _sentinel = Sentinel {
+        addr: format!("{ip}:{port}").parse().unwrap(),
+        dir: tempfile::tempdir().unwrap(),
+        child: Some(child),
+    };
+    let out = dir.path().join("out");
+    let from = format!("{ip}:{port}");
+    let args = [
+        "import",
+        "--from-sentinel",
+        from.as_str(),
+        "--tls",
+        "--cacert",
+        ca_file.to_str().unwrap(),
+        "--cert",
+        client.cert.to_str().unwrap(),
+        "--key",
+        client.key.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    // The Sentinel may still be starting its TLS listener: the import is
+    // tried again until it succeeds (bounded).
+    let mut last = (false, String::new(), String::new());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if out.exists() {
+            fs::remove_dir_all(&out).unwrap();
+        }
+        last = picket(&args);
+        if last.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (ok, stdout, stderr) = last;
+    assert!(ok, "import over TLS failed:\n{stdout}{stderr}");
+    let cfgs = configs(&out);
+    assert_eq!(cfgs.len(), 1, "{stdout}{stderr}");
+    let text = fs::read_to_string(&cfgs[0]).unwrap();
+    assert!(text.contains("name = \"cache\""), "{text}");
+    assert!(text.contains(&format!("master = \"{master}\"")), "{text}");
+    let (ok, o, e) = picket(&["check-config", "--config", cfgs[0].to_str().unwrap()]);
+    assert!(ok, "check-config refused the import:\n{o}{e}\n{text}");
+    // Without the client certificate the Sentinel refuses the handshake,
+    // and the import says so.
+    let out2 = dir.path().join("out2");
+    let (ok, o, e) = picket(&[
+        "import",
+        "--from-sentinel",
+        from.as_str(),
+        "--cacert",
+        ca_file.to_str().unwrap(),
+        "--out",
+        out2.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok,
+        "an import without the client certificate succeeded:\n{o}{e}"
+    );
+}
