@@ -4,6 +4,7 @@
 //!
 //! 1. `kill -9` of the master of group `cache` (a master and two replicas):
 //!    a quick failover. `PicketFailover` and `PicketInstanceDown` fire,
+//!    and `PicketServerRestarted` once the old master is back,
 //!    `PicketMasterDown` does not; the old master returns, is demoted, and
 //!    `PicketInstanceDown` resolves; `PicketFailover` resolves once its
 //!    window has passed. The group's webhook backend points at a port
@@ -449,11 +450,17 @@ fn the_alerts_fire_and_resolve_on_a_real_prometheus_through_real_failures() {
         secs(30),
         t0,
     );
-    // The old master returns as a master; picket demotes it.
+    // The old master returns as a master (a new process); picket demotes it.
     cache.master.restart();
     wait_for("the old master demoted", secs(20), || {
         replica_linked_to(&cache.master, new_master)
     });
+    prom.wait_fired(
+        "PicketServerRestarted",
+        &[("group", "cache"), ("server", &old_s)],
+        secs(30),
+        t0,
+    );
     prom.wait_resolved(
         "PicketInstanceDown",
         &[("group", "cache"), ("server", &old_s)],

@@ -57,7 +57,9 @@ impl Group {
             // last reported as a master says nothing about what it will be
             // when it comes back, and clients read `role-reported`.
             if let Some(i) = self.instances.get_mut(&old).filter(|i| !i.connected) {
-                i.info = None;
+                // Kept aside: when it comes back, a new process shows
+                // against it (`+reboot`).
+                i.identity_before = i.info.take().zip(i.info_at);
                 i.info_at = None;
                 i.role_changed_at = Some(Instant::now());
             }

@@ -55,6 +55,10 @@ pub(super) struct Instance {
     pub(super) last_seen_master: bool,
     /// When this daemon last saw it restart (`+reboot`).
     pub(super) rebooted_at: Option<Instant>,
+    /// Its last INFO (and when it was read) from before a failover made
+    /// it the old master: the view forgets what it reported, the restart
+    /// detection compares with it.
+    pub(super) identity_before: Option<(Box<InfoSnapshot>, Instant)>,
     /// A restarted master still loading its data: judged against its
     /// replicas once it is done.
     pub(super) reboot_unjudged: bool,
@@ -327,6 +331,7 @@ impl Group {
                 info_age_gauge: None,
                 last_seen_master: *addr == self.master,
                 rebooted_at: None,
+                identity_before: None,
                 reboot_unjudged: false,
             },
         );
@@ -565,7 +570,11 @@ impl Group {
                 }
                 // A new process since the last INFO (a full read: every
                 // new connection's first INFO is one).
-                if let (Some(before), Some(before_at)) = (inst.info.as_deref(), inst.info_at)
+                let before = match (inst.info.as_deref(), inst.info_at) {
+                    (Some(i), Some(t)) => Some((i, t)),
+                    _ => inst.identity_before.as_ref().map(|(i, t)| (&**i, *t)),
+                };
+                if let Some((before, before_at)) = before
                     && let Some(why) =
                         reboot::restarted(before, &info, at.saturating_duration_since(before_at))
                 {
@@ -589,6 +598,7 @@ impl Group {
                 }
                 inst.info = Some(info);
                 inst.info_at = Some(at);
+                inst.identity_before = None;
             }
         }
         let shown_changed = match before {
