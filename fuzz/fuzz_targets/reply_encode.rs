@@ -55,6 +55,21 @@ impl Recipe<'_> {
         }
     }
 
+    /// A reply of the types RESP2 and RESP3 encode alike.
+    fn plain(&mut self, depth: usize) -> Reply {
+        let n = if depth < 5 {
+            usize::from(self.byte() % 5)
+        } else {
+            0
+        };
+        match self.byte() % 4 {
+            0 => Reply::Simple(self.text()),
+            1 => Reply::Int(self.int()),
+            2 => Reply::Bulk(Bytes::from(self.bytes())),
+            _ => Reply::Array((0..n).map(|_| self.plain(depth + 1)).collect()),
+        }
+    }
+
     fn reply(&mut self, depth: usize) -> Reply {
         let kind = self.byte() % 12;
         let n = if depth < 5 {
@@ -78,6 +93,14 @@ impl Recipe<'_> {
             // Push frames are out-of-band messages: top level only.
             8 if depth == 0 => Reply::Push((0..n).map(|_| self.reply(depth + 1)).collect()),
             8 => Reply::Array((0..n).map(|_| self.reply(depth + 1)).collect()),
+            // A reply kept encoded (a master's address): made of the
+            // types RESP2 and RESP3 write alike.
+            9 => {
+                let inner = self.plain(depth + 1);
+                let mut buf = BytesMut::new();
+                inner.encode(&mut buf, false);
+                Reply::Encoded(buf.freeze())
+            }
             // Sets hold names (COMMAND flags).
             10 => Reply::Set((0..n).map(|_| self.key()).collect()),
             // One reply per argument (SUBSCRIBE a b): top level only.
@@ -122,6 +145,13 @@ fn expected(r: &Reply) -> Norm {
                 .collect(),
         ),
         Reply::Verbatim(s) => Norm::Bulk(s.as_bytes().to_vec()),
+        Reply::Encoded(b) => {
+            let mut buf = BytesMut::from(&b[..]);
+            match redis_protocol::resp2::decode::decode_bytes_mut(&mut buf) {
+                Ok(Some((frame, _, _))) if buf.is_empty() => norm(&frame),
+                other => panic!("an encoded reply that is not one RESP2 frame: {other:?}"),
+            }
+        }
     }
 }
 
