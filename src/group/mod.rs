@@ -578,9 +578,7 @@ impl Group {
                 reply,
                 since: now,
             });
-            for r in self.replica_addrs() {
-                self.refresh_info(&r);
-            }
+            self.refresh_replicas_info();
         }
     }
 

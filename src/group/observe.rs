@@ -428,6 +428,16 @@ impl Group {
             .collect()
     }
 
+    /// Ask every replica's probe for an INFO now (no list collected: the
+    /// probes are asked in place).
+    pub(super) fn refresh_replicas_info(&self) {
+        for inst in self.instances.values().filter(|i| i.addr != self.master) {
+            if let Some(p) = inst.probe.as_ref() {
+                p.refresh_info();
+            }
+        }
+    }
+
     /// Ask `addr`'s probe for an INFO now.
     pub(super) fn refresh_info(&self, addr: &Addr) {
         if let Some(p) = self.instances.get(addr).and_then(|i| i.probe.as_ref()) {
@@ -612,9 +622,7 @@ impl Group {
             return false;
         }
         if reread_replicas {
-            for r in self.replica_addrs() {
-                self.refresh_info(&r);
-            }
+            self.refresh_replicas_info();
         }
         if let Some(why) = reboot {
             self.on_reboot(&addr, &why);
@@ -745,9 +753,7 @@ impl Group {
         // A replica that reconnected to it before it was paused is taking
         // (or took) its copy: read them all now, so that selection sees
         // which (`Exclusion::CopiedRestartedMaster`).
-        for r in self.replica_addrs() {
-            self.refresh_info(&r);
-        }
+        self.refresh_replicas_info();
         tracing::warn!(group = %self.cfg.name, master = %addr, reason = %why, "the master restarted with less than its replicas hold: it is down for this daemon");
         if flavour != crate::probe::Flavour::Dragonfly {
             // Dragonfly pauses only client connections, not replication
