@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Write the seed corpora under fuzz/corpus/<target>/ from the project's own
 examples: INFO texts in src/probe/testdata, ROLE replies of the unit tests,
-configs from config/picket.toml and tests/config.rs, kubeconfigs from the
-kubeconfig unit tests, and Kubernetes objects shaped like
-tests/support/fake_kube.rs answers. Run from the repository root; it
-rewrites only the seed_* files."""
+configs from config/picket.toml, tests/it/config.rs and the bad configs
+of tests/it/config/bad, kubeconfigs from the kubeconfig unit tests, and
+Kubernetes objects shaped like harness/src/fake_kube.rs answers. Run from
+the repository root; it rewrites only the seed_* files."""
 import json
 import os
 import re
@@ -119,9 +119,13 @@ for k, v in ROLE.items():
 # config_parse: the first line is the path.
 with open(path("config", "picket.toml")) as f:
     write("config_parse", "example", "/etc/picket/picket.toml\n" + f.read())
-for i, t in enumerate(raw_strings(os.path.join("tests", "config.rs"))):
-    if "[" in t:
-        write("config_parse", "tests_config_%02d" % i, "picket.toml\n" + t)
+configs = [t for t in raw_strings(os.path.join("tests", "it", "config.rs")) if "[" in t]
+bad = path("tests", "it", "config", "bad")
+for n in sorted(os.listdir(bad)):
+    with open(os.path.join(bad, n)) as f:
+        configs.append(f.read())
+for i, t in enumerate(configs):
+    write("config_parse", "tests_config_%02d" % i, "picket.toml\n" + t)
 
 # kube_json: API objects and answers, exec credentials, kubeconfigs.
 pod = {"kind": "Pod", "apiVersion": "v1",

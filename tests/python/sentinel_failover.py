@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """redis-py's Sentinel support against picket, across kill -9 failovers.
 
-Driven by tests/api_redis_py.rs over stdin/stdout, one command per line:
+Driven by tests/it/api_redis_py.rs over stdin/stdout, one command per line:
 
   check <master ip:port> <replica ip:port,...>
       discover_master / discover_slaves through every protocol must give

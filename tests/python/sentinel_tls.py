@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """redis-py's Sentinel client with ssl=True against picket daemons with TLS.
 
-Driven by tests/tls.rs over stdin/stdout, one command per line:
+Driven by tests/it/tls.rs over stdin/stdout, one command per line:
 
   master
       answers "master <ip:port>" (Sentinel.discover_master through the

@@ -1,0 +1,601 @@
+//! Definite failure signals against real redis-server processes, three
+//! daemons (quorum 2): a killed master is down as soon as its port refuses
+//! connections, a master restarted empty never wipes its replicas (with
+//! the refusal path and without it), and what must not fail a master over
+//! (a clean restart with its data, a stall shorter than `down_after`, a
+//! server at `maxclients`, 20 % packet loss on its link).
+//!
+//! Dragonfly through its stub, which answers as a real one does after a
+//! restart (a new `master_replid`, its uptime from 0, no keys) and whose
+//! replicas take a full copy of a restarted master a second later.
+//!
+//! The tests of this file run one at a time (they share two cores with the
+//! daemons they start), and every wait is bounded.
+
+use picket_harness::dragonfly_stub;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use picket_harness::*;
+
+const GROUP: &str = "cache";
+const KEYS: usize = 20_000;
+/// Bound on a whole failover on a loaded machine.
+const FAILOVER_BOUND: Duration = Duration::from_secs(30);
+
+struct Setup {
+    topo: Topology,
+    cluster: PicketCluster,
+}
+
+/// A master with two replicas (extra server arguments for each) and three
+/// daemons with `extra` group keys, converged.
+fn setup(master_args: &[&str], replica_args: &[&str], extra: &str) -> Setup {
+    let master = RedisServer::start_fresh(RedisOpts::default().args(master_args));
+    let replicas: Vec<RedisServer> = (0..2)
+        .map(|_| {
+            RedisServer::start_fresh(
+                RedisOpts::default()
+                    .replica_of(master.addr())
+                    .args(replica_args),
+            )
+        })
+        .collect();
+    let topo = Topology { master, replicas };
+    topo.wait_replicas_up(READY_TIMEOUT);
+    // `extra` may set down_after and failover_timeout itself.
+    let timings = if extra.contains("down_after =") {
+        ""
+    } else {
+        "down_after = \"1s\"\nfailover_timeout = \"5s\"\n"
+    };
+    let cluster = ClusterPlan::new(3).start(&format!(
+        "[[group]]\nname = \"{GROUP}\"\nmaster = \"{}\"\nquorum = 2\n{timings}{extra}\n",
+        topo.master.addr()
+    ));
+    cluster.wait_converged(&[0, 1, 2], GROUP, 3, Duration::from_secs(20));
+    Setup { topo, cluster }
+}
+
+/// Write [`KEYS`] keys to the master and wait until every replica has them
+/// (and every daemon has read each replica since, so that it knows what
+/// they hold).
+fn fill(topo: &Topology, cluster: &PicketCluster) {
+    let mut conn = RespConn::connect(topo.master.addr(), CMD_TIMEOUT).unwrap();
+    for chunk in 0..KEYS / 1000 {
+        let mut args = vec!["MSET".to_string()];
+        for i in chunk * 1000..(chunk + 1) * 1000 {
+            args.push(format!("key:{i}"));
+            args.push("value".to_string());
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert!(conn.cmd(&refs).unwrap().is_ok());
+    }
+    for r in &topo.replicas {
+        wait_for("the keys replicated", Duration::from_secs(20), || {
+            dbsize(r) == Some(KEYS as i64)
+        });
+    }
+    // Replicas are read every 10 s when all is well (and at once when the
+    // master's connection drops); the test waits for a read that shows
+    // the keys, so that it does not depend on that.
+    let offset: i64 = topo
+        .master
+        .info_field("replication", "master_repl_offset")
+        .and_then(|o| o.parse().ok())
+        .unwrap();
+    for n in &cluster.nodes {
+        wait_for(
+            &format!("{} to read the replicas at offset {offset}", n.id),
+            Duration::from_secs(25),
+            || {
+                n.group(GROUP)["instances"].as_array().is_some_and(|a| {
+                    a.iter()
+                        .filter(|i| i["is_master"] == false)
+                        .all(|i| i["offset"].as_i64().is_some_and(|o| o >= offset))
+                })
+            },
+        );
+    }
+}
+
+fn dbsize(s: &RedisServer) -> Option<i64> {
+    s.cmd(&["DBSIZE"]).ok().and_then(|r| r.as_int())
+}
+
+fn keys_at(addr: SocketAddr) -> Option<i64> {
+    redis_cmd(addr, &["DBSIZE"]).ok().and_then(|r| r.as_int())
+}
+
+/// Kill the master, start it again empty after `after`, and check that
+/// the group ends on a master holding (nearly) every key, with the
+/// restarted server demoted under it.
+fn kill_and_restart_empty(s: &mut Setup, after: Duration) -> SocketAddr {
+    let old = s.topo.master.addr();
+    s.topo.master.kill9();
+    let killed = Instant::now();
+    std::thread::sleep(after);
+    s.topo.master.restart();
+    let restarted = killed.elapsed();
+    let (new_master, _) = s
+        .cluster
+        .wait_agreed_new_master(GROUP, &[0, 1, 2], old, FAILOVER_BOUND);
+    println!(
+        "restarted empty {restarted:?} after the kill; new master {new_master} agreed {:?} after the kill",
+        killed.elapsed()
+    );
+    wait_for(
+        "the restarted server demoted under the new master",
+        Duration::from_secs(30),
+        || replica_linked_to(&s.topo.master, new_master),
+    );
+    let kept = keys_at(new_master).unwrap_or(0);
+    assert!(
+        kept as f64 >= 0.99 * KEYS as f64,
+        "the new master {new_master} holds {kept} of {KEYS} keys\n{}",
+        s.cluster.logs()
+    );
+    for r in s.topo.all() {
+        wait_for(
+            &format!("{} to hold the new master's keys", r.addr()),
+            Duration::from_secs(20),
+            || dbsize(r) == Some(kept),
+        );
+    }
+    new_master
+}
+
+fn sdown_reasons(cluster: &PicketCluster) -> Vec<String> {
+    cluster
+        .nodes
+        .iter()
+        .flat_map(|n| n.events())
+        .filter(|e| e.event == "+sdown" && e.message.starts_with("+sdown master"))
+        .map(|e| e.message)
+        .collect()
+}
+
+#[test]
+fn a_killed_master_is_down_once_its_port_refuses_connections_not_after_down_after() {
+    // down_after 10 s: only the refused connections can make it this quick.
+    let mut s = setup(&[], &[], "down_after = \"10s\"\nfailover_timeout = \"30s\"");
+    let old = s.topo.master.addr();
+    s.topo.master.kill9();
+    let killed = Instant::now();
+    let (new_master, _) =
+        s.cluster
+            .wait_agreed_new_master(GROUP, &[0, 1, 2], old, Duration::from_secs(8));
+    let took = killed.elapsed();
+    println!("kill -9 -> new master {new_master} agreed by all in {took:?} (down_after 10 s)");
+    assert!(
+        took < Duration::from_secs(8),
+        "{took:?}\n{}",
+        s.cluster.logs()
+    );
+    let reasons = sdown_reasons(&s.cluster);
+    assert!(
+        reasons.iter().any(|m| m.ends_with("#refused")),
+        "no +sdown ... #refused: {reasons:?}"
+    );
+    // The new master takes writes.
+    assert!(
+        redis_cmd(new_master, &["SET", "after", "1"])
+            .unwrap()
+            .is_ok()
+    );
+    // Each signal has its metric.
+    let m = s.cluster.nodes[0].metrics().unwrap();
+    let refused = metric_value(
+        &m,
+        "picket_sdown_total",
+        &[("group", GROUP), ("reason", "refused")],
+    );
+    assert!(refused.is_some_and(|v| v >= 1.0), "{refused:?}");
+}
+
+#[test]
+fn a_master_restarted_empty_never_wipes_its_replicas() {
+    // Disk-based sync: a replica takes a full copy of an empty master in
+    // milliseconds (the diskless default of Redis 7 waits 5 s first).
+    let args = ["--repl-diskless-sync", "no"];
+    for after in [
+        Duration::from_millis(100),
+        Duration::from_millis(400),
+        Duration::from_secs(2),
+    ] {
+        let mut s = setup(&args, &args, "");
+        fill(&s.topo, &s.cluster);
+        kill_and_restart_empty(&mut s, after);
+    }
+}
+
+#[test]
+fn a_master_restarted_empty_within_the_refusal_window_is_failed_over_for_its_reboot() {
+    let args = ["--repl-diskless-sync", "no"];
+    // Refusals count only as silence here: the restart, 100 ms after the
+    // kill and long before down_after, is all the daemons can go by.
+    let mut s = setup(&args, &args, "down_after_refused = \"1s\"");
+    fill(&s.topo, &s.cluster);
+    kill_and_restart_empty(&mut s, Duration::from_millis(100));
+    let reasons = sdown_reasons(&s.cluster);
+    assert!(
+        reasons.iter().any(|m| m.ends_with("#reboot")),
+        "no +sdown ... #reboot: {reasons:?}\n{}",
+        s.cluster.logs()
+    );
+    for n in &s.cluster.nodes {
+        assert!(n.count_event("+reboot") >= 1, "{}", n.logs());
+    }
+}
+
+#[test]
+fn a_clean_restart_with_its_data_is_no_failover_and_the_replicas_continue() {
+    // RDB persistence; the load is slowed to about three seconds, three
+    // times down_after (-LOADING meanwhile, answered between keys).
+    let master_args = [
+        "--save",
+        "3600 1",
+        "--key-load-delay",
+        "150",
+        "--loading-process-events-interval-bytes",
+        "1024",
+    ];
+    let mut s = setup(&master_args, &[], "");
+    fill(&s.topo, &s.cluster);
+    let master = s.topo.master.addr();
+    // SHUTDOWN saves and exits: the connection closes without a reply.
+    let _ = s.topo.master.cmd(&["SHUTDOWN", "SAVE"]);
+    wait_for("the master to exit", Duration::from_secs(20), || {
+        !s.topo.master.is_running()
+    });
+    s.topo.master.restart();
+    let back = Instant::now();
+    wait_for("the master loaded", Duration::from_secs(20), || {
+        dbsize(&s.topo.master) == Some(KEYS as i64)
+    });
+    // Every daemon saw the restart and kept the master; the replicas
+    // follow it again with every key.
+    for n in &s.cluster.nodes {
+        wait_for(
+            &format!("{} to see the restart", n.id),
+            Duration::from_secs(10),
+            || n.count_event("+reboot") >= 1,
+        );
+    }
+    for r in &s.topo.replicas {
+        wait_for("the replica linked again", Duration::from_secs(20), || {
+            replica_linked_to(r, master)
+        });
+        assert_eq!(dbsize(r), Some(KEYS as i64));
+    }
+    // Give a wrong decision time to show (well past down_after).
+    while back.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for n in &s.cluster.nodes {
+        assert_eq!(n.master_addr(GROUP), Some(master), "{}", n.logs());
+        assert_eq!(n.count_event("+switch-master"), 0, "{}", n.logs());
+    }
+}
+
+#[test]
+fn a_stall_shorter_than_down_after_and_a_full_server_are_no_failover() {
+    let s = setup(&["--enable-debug-command", "yes"], &[], "");
+    let master = s.topo.master.addr();
+    // 0.8 s of DEBUG SLEEP at down_after 1 s, three times.
+    for _ in 0..3 {
+        assert!(
+            s.topo
+                .master
+                .cmd(&["DEBUG", "SLEEP", "0.8"])
+                .unwrap()
+                .is_ok()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // At maxclients every new connection gets an error and is closed:
+    // the server is alive, and the daemons' own connections stay.
+    let clients = s
+        .topo
+        .master
+        .info_field("clients", "connected_clients")
+        .and_then(|c| c.parse::<u32>().ok())
+        .unwrap();
+    assert!(
+        s.topo
+            .master
+            .cmd(&[
+                "CONFIG",
+                "SET",
+                "maxclients",
+                &clients.saturating_sub(1).max(1).to_string()
+            ])
+            .unwrap()
+            .is_ok()
+    );
+    let full_since = Instant::now();
+    while full_since.elapsed() < Duration::from_secs(3) {
+        // Refused at the RESP level, not by the kernel.
+        let r = redis_cmd(master, &["PING"]);
+        assert!(
+            r.as_ref().map_or(true, |r| r
+                .as_error()
+                .is_some_and(|e| e.contains("max number of clients"))),
+            "{r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for n in &s.cluster.nodes {
+        assert_eq!(n.master_addr(GROUP), Some(master), "{}", n.logs());
+        assert_eq!(n.count_event("+odown"), 0, "{}", n.logs());
+    }
+}
+
+#[test]
+fn a_dragonfly_master_restarted_empty_never_wipes_its_replicas() {
+    for after in [
+        Duration::from_millis(100),
+        Duration::from_millis(400),
+        Duration::from_secs(2),
+    ] {
+        let world = dragonfly_stub::StubWorld::new();
+        let master = world.start_master(&next_loopback_ip());
+        let replicas: Vec<dragonfly_stub::DragonflyStub> = (0..2)
+            .map(|_| world.start_replica(&next_loopback_ip(), master.addr()))
+            .collect();
+        master.load(KEYS);
+        let cluster = ClusterPlan::new(3).start(&format!(
+            "[[group]]\nname = \"{GROUP}\"\nmaster = \"{}\"\nquorum = 2\n\
+             down_after = \"1s\"\nfailover_timeout = \"5s\"\n",
+            master.addr()
+        ));
+        cluster.wait_converged(&[0, 1, 2], GROUP, 3, Duration::from_secs(20));
+        let old = master.addr();
+        master.kill();
+        let killed = Instant::now();
+        std::thread::sleep(after);
+        master.restart_empty_master();
+        let (new_master, _) =
+            cluster.wait_agreed_new_master(GROUP, &[0, 1, 2], old, FAILOVER_BOUND);
+        println!(
+            "Dragonfly stub restarted empty after {after:?}: new master {new_master} agreed {:?} after the kill",
+            killed.elapsed()
+        );
+        wait_for(
+            "the restarted server demoted under the new master",
+            Duration::from_secs(20),
+            || master.master() == Some(new_master),
+        );
+        let promoted = replicas
+            .iter()
+            .find(|r| r.addr() == new_master)
+            .expect("a replica was promoted");
+        let kept = promoted.dbsize();
+        assert!(
+            kept as f64 >= 0.99 * KEYS as f64,
+            "the new master holds {kept} of {KEYS} keys\n{}",
+            cluster.logs()
+        );
+        // Past the replicas' own resync: nobody dropped its data since.
+        std::thread::sleep(Duration::from_millis(1200));
+        for r in replicas.iter().chain([&master]) {
+            assert_eq!(r.dbsize(), kept, "{}", r.addr());
+        }
+    }
+}
+
+/// Packet loss on every packet `ip` sends (iptables' `statistic` match on
+/// its source, in this test's own network namespace; what netem on the
+/// server's interface does to its egress); removed on drop. netem itself
+/// (which would add the jitter) is not in this machine's kernel.
+struct LossyLink {
+    rules: Vec<Vec<String>>,
+}
+
+impl LossyLink {
+    fn iptables(op: &str, rule: &[String]) -> Result<(), String> {
+        let out = std::process::Command::new("iptables")
+            .arg(op)
+            .args(rule)
+            .output()
+            .map_err(|e| format!("iptables: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "iptables {op} {rule:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    fn start(ip: &str, probability: &str) -> LossyLink {
+        Self::start_on(ip, probability, &["-s"])
+    }
+
+    /// Every packet from and to `ip` dropped: a host that vanished (no
+    /// refusal, only silence).
+    fn black_hole(ip: &str) -> LossyLink {
+        Self::start_on(ip, "1", &["-s", "-d"])
+    }
+
+    fn start_on(ip: &str, probability: &str, dirs: &[&str]) -> LossyLink {
+        let rules: Vec<Vec<String>> = dirs
+            .iter()
+            .map(|dir| {
+                [
+                    "INPUT",
+                    dir,
+                    ip,
+                    "-m",
+                    "statistic",
+                    "--mode",
+                    "random",
+                    "--probability",
+                    probability,
+                    "-j",
+                    "DROP",
+                ]
+                .iter()
+                .map(|a| a.to_string())
+                .collect()
+            })
+            .collect();
+        for r in &rules {
+            Self::iptables("-I", r).unwrap_or_else(|e| panic!("{e}"));
+        }
+        LossyLink { rules }
+    }
+}
+
+impl Drop for LossyLink {
+    fn drop(&mut self) {
+        for r in &self.rules {
+            let _ = Self::iptables("-D", r);
+        }
+    }
+}
+
+#[test]
+fn a_lossy_link_to_the_master_is_no_failover() {
+    // Its own network namespace: the loss is on this test's `lo` only.
+    // The test thread runs it all (tc, the servers and the daemons
+    // inherit the namespace).
+    if let Err(e) = enter_own_netns() {
+        panic!("this test needs a network namespace of its own (run as root): {e}");
+    }
+    let secs: u64 = std::env::var("PICKET_LOSSY_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let s = setup(&[], &[], "");
+    let master = s.topo.master.addr();
+    let _link = LossyLink::start(&master.ip().to_string(), "0.2");
+    let start = Instant::now();
+    let mut sdowns = 0;
+    while start.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_secs(1));
+        if std::env::var("PICKET_LOSSY_DEBUG").is_ok() {
+            for n in &s.cluster.nodes {
+                let m = n.metrics().unwrap_or_default();
+                let lines: Vec<&str> = m
+                    .lines()
+                    .filter(|l| {
+                        l.contains(&master.to_string())
+                            && (l.starts_with("picket_probe_errors_total")
+                                || l.starts_with("picket_probe_duration_seconds_count"))
+                    })
+                    .filter(|l| !l.ends_with(" 0"))
+                    .collect();
+                eprintln!("{:?} {}: {lines:?}", start.elapsed(), n.id);
+            }
+        }
+        for n in &s.cluster.nodes {
+            assert_eq!(
+                n.count_event("+odown"),
+                0,
+                "ODOWN after {:?} of 20 % loss\n{}",
+                start.elapsed(),
+                n.logs()
+            );
+        }
+        sdowns = s
+            .cluster
+            .nodes
+            .iter()
+            .map(|n| n.count_event("+sdown"))
+            .sum::<usize>();
+    }
+    let metrics: Vec<String> = s
+        .cluster
+        .nodes
+        .iter()
+        .filter_map(|n| n.metrics().ok())
+        .collect();
+    let reasons: Vec<(&str, f64)> = ["silence", "refused", "reboot"]
+        .iter()
+        .map(|r| {
+            let total = metrics
+                .iter()
+                .filter_map(|m| {
+                    metric_value(m, "picket_sdown_total", &[("group", GROUP), ("reason", r)])
+                })
+                .sum::<f64>();
+            (*r, total)
+        })
+        .collect();
+    println!(
+        "{secs} s of 20 % loss of the master's packets: {sdowns} +sdown (by reason: {reasons:?}), no +odown"
+    );
+    // Never taken for a dead process: nothing refused.
+    assert_eq!(reasons[1].1, 0.0, "{reasons:?}");
+    for n in &s.cluster.nodes {
+        assert_eq!(n.master_addr(GROUP), Some(master), "{}", n.logs());
+    }
+}
+
+#[test]
+fn a_master_whose_packets_are_dropped_is_failed_over_after_down_after() {
+    if let Err(e) = enter_own_netns() {
+        panic!("this test needs a network namespace of its own (run as root): {e}");
+    }
+    let s = setup(&[], &[], "");
+    let master = s.topo.master.addr();
+    let _hole = LossyLink::black_hole(&master.ip().to_string());
+    let cut = Instant::now();
+    let (new_master, _) =
+        s.cluster
+            .wait_agreed_new_master(GROUP, &[0, 1, 2], master, FAILOVER_BOUND);
+    let took = cut.elapsed();
+    println!(
+        "master's packets dropped -> new master {new_master} agreed by all in {took:?} (down_after 1 s)"
+    );
+    // Silence, not a refusal: down_after had to pass.
+    assert!(took >= Duration::from_millis(900), "{took:?}");
+    let reasons = sdown_reasons(&s.cluster);
+    assert!(
+        reasons
+            .iter()
+            .all(|m| !m.ends_with("#refused") && !m.ends_with("#reboot")),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn with_flush_on_failover_a_master_restarted_empty_stays_and_its_replicas_follow_it() {
+    let args = ["--repl-diskless-sync", "no"];
+    // The reboot path alone (refusals count as silence), with a group that
+    // wants an empty master after a failure anyway.
+    let mut s = setup(
+        &args,
+        &args,
+        "down_after_refused = \"1s\"\nflush_on_failover = true\n",
+    );
+    fill(&s.topo, &s.cluster);
+    let master = s.topo.master.addr();
+    s.topo.master.kill9();
+    std::thread::sleep(Duration::from_millis(100));
+    s.topo.master.restart();
+    let back = Instant::now();
+    // The replicas resynchronise from it: empty, as a flush would leave them.
+    for r in &s.topo.replicas {
+        wait_for("the replica empty again", Duration::from_secs(20), || {
+            replica_linked_to(r, master) && dbsize(r) == Some(0)
+        });
+    }
+    for n in &s.cluster.nodes {
+        wait_for(
+            &format!("{} to see the restart", n.id),
+            Duration::from_secs(10),
+            || n.count_event("+reboot") >= 1,
+        );
+    }
+    while back.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for n in &s.cluster.nodes {
+        assert_eq!(n.master_addr(GROUP), Some(master), "{}", n.logs());
+        assert_eq!(n.count_event("+odown"), 0, "{}", n.logs());
+    }
+}
