@@ -666,6 +666,29 @@ impl RedisServer {
         redis_cmd_auth(self.addr, self.opts.requirepass.as_deref(), args)
     }
 
+    /// Set `n` keys `<prefix>0`, `<prefix>1`, ... to `v`, a thousand per
+    /// `MSET` (each acknowledged).
+    #[track_caller]
+    pub fn set_keys(&self, prefix: &str, n: usize) {
+        for start in (0..n).step_by(1000) {
+            let mut args = vec!["MSET".to_string()];
+            for i in start..n.min(start + 1000) {
+                args.push(format!("{prefix}{i}"));
+                args.push("v".to_string());
+            }
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            let reply = self
+                .cmd(&refs)
+                .unwrap_or_else(|e| panic!("MSET on {}: {e}", self.addr));
+            assert!(reply.is_ok(), "MSET on {}: {reply:?}", self.addr);
+        }
+    }
+
+    /// `DBSIZE`, or `None` when the server does not answer with a number.
+    pub fn dbsize(&self) -> Option<i64> {
+        self.cmd(&["DBSIZE"]).ok().and_then(|r| r.as_int())
+    }
+
     /// The text of `INFO <section>`.
     pub fn info(&self, section: &str) -> Result<String, String> {
         match self.cmd(&["INFO", section])? {
@@ -879,6 +902,20 @@ impl Topology {
                 ),
                 timeout,
                 || replica_linked_to(r, self.master.addr()),
+            );
+        }
+    }
+
+    /// Write `keys` keys (`key:0`, `key:1`, ...) to the master, a thousand
+    /// per `MSET`, and wait until every replica holds them.
+    #[track_caller]
+    pub fn fill(&self, keys: usize, timeout: Duration) {
+        self.master.set_keys("key:", keys);
+        for r in &self.replicas {
+            wait_for(
+                &format!("{keys} keys replicated to {}", r.addr()),
+                timeout,
+                || r.dbsize() == Some(keys as i64),
             );
         }
     }
@@ -1508,10 +1545,26 @@ impl PicketCluster {
         old: SocketAddr,
         timeout: Duration,
     ) -> (SocketAddr, u64) {
+        self.wait_agreed_new_master_checking(group, which, old, timeout, || {})
+    }
+
+    /// [`wait_agreed_new_master`](Self::wait_agreed_new_master), calling
+    /// `check` before every look at the daemons: the place for what must
+    /// hold all the way to the agreement (it panics when it does not).
+    #[track_caller]
+    pub fn wait_agreed_new_master_checking(
+        &self,
+        group: &str,
+        which: &[usize],
+        old: SocketAddr,
+        timeout: Duration,
+        mut check: impl FnMut(),
+    ) -> (SocketAddr, u64) {
         let sock = |v: &serde_json::Value| v.as_str().and_then(|s| s.parse::<SocketAddr>().ok());
         let mut agreed = None;
         let deadline = Instant::now() + timeout;
         loop {
+            check();
             let views: Vec<(Option<SocketAddr>, Option<u64>)> = which
                 .iter()
                 .map(|&i| {

@@ -551,18 +551,10 @@ impl Env {
         // A master and two replicas, each on its own loopback address (as
         // pods have their own IPs), with data the flush must remove.
         let topo = Topology::master_with_replicas(2);
+        topo.fill(SEED_KEYS, READY_TIMEOUT);
         let Topology { master, replicas } = topo;
         let mut servers = vec![master];
         servers.extend(replicas);
-        for i in 0..SEED_KEYS {
-            let r = servers[0].cmd(&["SET", &format!("key-{i}"), "v"]).unwrap();
-            assert!(r.is_ok(), "{r:?}");
-        }
-        for s in &servers[1..] {
-            wait_for("the seed keys on the replicas", READY_TIMEOUT, || {
-                s.cmd(&["DBSIZE"]).ok().and_then(|r| r.as_int()) == Some(SEED_KEYS as i64)
-            });
-        }
         let addrs: Vec<SocketAddr> = servers.iter().map(RedisServer::addr).collect();
 
         // The cluster as it was before picket: pods labelled by hand (the
@@ -1069,6 +1061,21 @@ required = {hook_req}
         ok: impl Fn(&[Value]) -> bool,
     ) -> Vec<Value> {
         self.wait_statuses_of(&[0, 1, 2], what, timeout, ok)
+    }
+
+    /// Wait until a daemon reports its last failover aborted with an
+    /// outcome that starts with `prefix`; that daemon's group status.
+    #[track_caller]
+    fn wait_aborted(&self, what: &str, prefix: &str) -> Value {
+        let aborted = |g: &Value| {
+            g["last_failover"]["outcome"]
+                .as_str()
+                .is_some_and(|o| o.starts_with(prefix))
+        };
+        let gs = self.wait_statuses(what, FAILOVER_WAIT, |gs| gs.iter().any(aborted));
+        gs.into_iter()
+            .find(aborted)
+            .unwrap_or_else(|| self.fail(&format!("{what}: no aborted failover")))
     }
 
     /// [`Env::wait_statuses`] for some of the daemons.
@@ -2066,21 +2073,10 @@ fn newer_epoch_in_a_required_backend_stops_the_failover_before_promotion() {
     let slice_before = env.slice();
     let since = SystemTime::now();
     env.kill(0);
-    let gs = env.wait_statuses("an aborted failover", FAILOVER_WAIT, |gs| {
-        gs.iter().any(|g| {
-            g["last_failover"]["outcome"]
-                .as_str()
-                .is_some_and(|o| o.starts_with("aborted: fencing the old master failed"))
-        })
-    });
-    let leader = gs
-        .iter()
-        .find(|g| {
-            g["last_failover"]["outcome"]
-                .as_str()
-                .is_some_and(|o| o.starts_with("aborted"))
-        })
-        .unwrap();
+    let leader = &env.wait_aborted(
+        "an aborted failover",
+        "aborted: fencing the old master failed",
+    );
     let outcome = leader["last_failover"]["outcome"].as_str().unwrap();
     assert!(outcome.contains("holds epoch 1000"), "{outcome}");
     let slice_status = leader["discovery"]
@@ -2174,21 +2170,10 @@ fn unauthorized_fence_aborts_with_a_clear_status_then_recovers() {
         ..Opts::default()
     });
     env.kill(0);
-    let gs = env.wait_statuses("a failover aborted by a 401", FAILOVER_WAIT, |gs| {
-        gs.iter().any(|g| {
-            g["last_failover"]["outcome"]
-                .as_str()
-                .is_some_and(|o| o.starts_with("aborted: fencing the old master failed"))
-        })
-    });
-    let leader = gs
-        .iter()
-        .find(|g| {
-            g["last_failover"]["outcome"]
-                .as_str()
-                .is_some_and(|o| o.starts_with("aborted"))
-        })
-        .unwrap();
+    let leader = &env.wait_aborted(
+        "a failover aborted by a 401",
+        "aborted: fencing the old master failed",
+    );
     for b in leader["discovery"].as_array().unwrap() {
         if b["kind"] != "kubernetes" {
             continue;
@@ -2254,25 +2239,10 @@ fn api_down_with_required_backends_blocks_the_promotion() {
     });
     env.fake.set_down(true);
     env.kill(0);
-    let gs = env.wait_statuses(
+    let leader = &env.wait_aborted(
         "a failover aborted at failover_timeout",
-        FAILOVER_WAIT,
-        |gs| {
-            gs.iter().any(|g| {
-                g["last_failover"]["outcome"]
-                    .as_str()
-                    .is_some_and(|o| o.starts_with("aborted: fencing the old master"))
-            })
-        },
+        "aborted: fencing the old master",
     );
-    let leader = gs
-        .iter()
-        .find(|g| {
-            g["last_failover"]["outcome"]
-                .as_str()
-                .is_some_and(|o| o.starts_with("aborted"))
-        })
-        .unwrap();
     let took = leader["last_failover"]["duration_ms"].as_u64().unwrap();
     assert!(
         (4000..6000).contains(&took),

@@ -76,6 +76,16 @@ fn leaders(cluster: &PicketCluster, which: &[usize]) -> Vec<usize> {
         .collect()
 }
 
+/// Wait until exactly one of the three daemons has completed the failover;
+/// its index.
+#[track_caller]
+fn finished_leader(cluster: &PicketCluster) -> usize {
+    wait_for("the leader to finish", Duration::from_secs(15), || {
+        leaders(cluster, &[0, 1, 2]).len() == 1
+    });
+    leaders(cluster, &[0, 1, 2])[0]
+}
+
 /// `+promoted-slave` events across every daemon's log (all starts).
 fn promotions(cluster: &PicketCluster) -> Vec<LoggedEvent> {
     cluster
@@ -171,14 +181,7 @@ fn kill9_master_promotes_the_priority_replica_once_repoints_and_demotes_the_old_
             .is_ok()
     );
     wait_priority_seen(&cluster, favoured_addr, 10);
-    for i in 0..100 {
-        assert!(
-            topo.master
-                .cmd(&["SET", &format!("k{i}"), "v"])
-                .unwrap()
-                .is_ok()
-        );
-    }
+    topo.master.set_keys("k", 100);
     let old = topo.master.addr();
 
     topo.master.kill9();
@@ -209,9 +212,7 @@ fn kill9_master_promotes_the_priority_replica_once_repoints_and_demotes_the_old_
         || replica_linked_to(other, new_master),
     );
     // Exactly one promotion, by exactly one leader.
-    wait_for("the leader to finish", Duration::from_secs(15), || {
-        leaders(&cluster, &[0, 1, 2]).len() == 1
-    });
+    finished_leader(&cluster);
     let promoted = promotions(&cluster);
     assert_eq!(promoted.len(), 1, "{promoted:?}\n{}", cluster.logs());
     assert!(
@@ -422,19 +423,7 @@ fn flush_on_failover_advertises_an_empty_master_only_after_fencing_the_old_one()
     let s = setup(2, &format!("flush_on_failover = true\n{MEMORY}"));
     let mut topo = s.topo;
     let cluster = s.cluster;
-    for i in 0..100 {
-        assert!(
-            topo.master
-                .cmd(&["SET", &format!("k{i}"), "v"])
-                .unwrap()
-                .is_ok()
-        );
-    }
-    for r in &topo.replicas {
-        wait_for("keys replicated", Duration::from_secs(10), || {
-            r.cmd(&["DBSIZE"]).ok().and_then(|x| x.as_int()) == Some(100)
-        });
-    }
+    topo.fill(100, Duration::from_secs(10));
     let old = topo.master.addr();
     topo.master.kill9();
     let (new_master, epoch) = wait_agreed_new_master(&cluster, &[0, 1, 2], old, FAILOVER_BOUND);
@@ -453,10 +442,7 @@ fn flush_on_failover_advertises_an_empty_master_only_after_fencing_the_old_one()
             r.cmd(&["DBSIZE"]).ok().and_then(|x| x.as_int()) == Some(0)
         });
     }
-    wait_for("the leader to finish", Duration::from_secs(15), || {
-        leaders(&cluster, &[0, 1, 2]).len() == 1
-    });
-    let leader = &cluster.nodes[leaders(&cluster, &[0, 1, 2])[0]];
+    let leader = &cluster.nodes[finished_leader(&cluster)];
     let h = recorded(leader);
     let fence = h
         .iter()
@@ -500,19 +486,7 @@ fn a_failed_flush_publishes_nothing_and_aborts_the_failover() {
     let s = setup_with(topo, 2, &format!("flush_on_failover = true\n{MEMORY}"));
     let mut topo = s.topo;
     let cluster = s.cluster;
-    for i in 0..10 {
-        assert!(
-            topo.master
-                .cmd(&["SET", &format!("k{i}"), "v"])
-                .unwrap()
-                .is_ok()
-        );
-    }
-    for r in &topo.replicas {
-        wait_for("keys replicated", Duration::from_secs(10), || {
-            r.cmd(&["DBSIZE"]).ok().and_then(|x| x.as_int()) == Some(10)
-        });
-    }
+    topo.fill(10, Duration::from_secs(10));
     let old = topo.master.addr();
     topo.master.kill9();
 
@@ -667,10 +641,7 @@ fn a_vote_survives_kill9_and_restart() {
     let old = topo.master.addr();
     topo.master.kill9();
     let (new_master, epoch) = wait_agreed_new_master(&cluster, &[0, 1, 2], old, FAILOVER_BOUND);
-    wait_for("the leader to finish", Duration::from_secs(15), || {
-        leaders(&cluster, &[0, 1, 2]).len() == 1
-    });
-    let leader = leaders(&cluster, &[0, 1, 2])[0];
+    let leader = finished_leader(&cluster);
     let leader_id = cluster.nodes[leader].id.clone();
     // A daemon that voted for the leader in that epoch.
     let voter = (0..3)
@@ -691,48 +662,28 @@ fn a_vote_survives_kill9_and_restart() {
     restart_node(n);
     // Another candidate asking for the same epoch gets the earlier vote.
     let r = is_down(n, new_master, epoch, epoch, "intruder");
-    assert_eq!(
-        r,
-        Reply::Array(vec![
-            Reply::Int(0),
-            Reply::Bulk(leader_id.clone().into_bytes()),
-            Reply::Int(epoch as i64)
-        ]),
-        "{}",
-        n.logs()
-    );
+    assert_eq!(r, vote_reply(&leader_id, epoch), "{}", n.logs());
     // A vote given through the raw command is just as durable.
     let later = epoch + 10;
     let r = is_down(n, new_master, epoch, later, "intruder");
-    assert_eq!(
-        r,
-        Reply::Array(vec![
-            Reply::Int(0),
-            Reply::Bulk(b"intruder".to_vec()),
-            Reply::Int(later as i64)
-        ])
-    );
+    assert_eq!(r, vote_reply("intruder", later), "{}", n.logs());
     n.process.kill9();
     restart_node(n);
     let r = is_down(n, new_master, epoch, later, "someone-else");
-    assert_eq!(
-        r,
-        Reply::Array(vec![
-            Reply::Int(0),
-            Reply::Bulk(b"intruder".to_vec()),
-            Reply::Int(later as i64)
-        ])
-    );
+    assert_eq!(r, vote_reply("intruder", later), "{}", n.logs());
     // And no vote for an epoch it has moved past.
     let r = is_down(n, new_master, epoch, epoch, "someone-else");
-    assert_eq!(
-        r,
-        Reply::Array(vec![
-            Reply::Int(0),
-            Reply::Bulk(b"intruder".to_vec()),
-            Reply::Int(later as i64)
-        ])
-    );
+    assert_eq!(r, vote_reply("intruder", later), "{}", n.logs());
+}
+
+/// A daemon's answer to `SENTINEL is-master-down-by-addr` (master up as it
+/// sees it): the leader it voted for and the epoch of that vote.
+fn vote_reply(leader: &str, epoch: u64) -> Reply {
+    Reply::Array(vec![
+        Reply::Int(0),
+        Reply::Bulk(leader.as_bytes().to_vec()),
+        Reply::Int(epoch as i64),
+    ])
 }
 
 // ---------------------------------------------------------------------------
@@ -822,14 +773,7 @@ fn planned_switchover_under_writes_loses_no_acknowledged_write_and_flushes_nothi
     let s = setup(2, &format!("flush_on_failover = true\n{MEMORY}"));
     let topo = s.topo;
     let cluster = s.cluster;
-    for i in 0..50 {
-        assert!(
-            topo.master
-                .cmd(&["SET", &format!("pre{i}"), "v"])
-                .unwrap()
-                .is_ok()
-        );
-    }
+    topo.master.set_keys("pre", 50);
     let old = topo.master.addr();
     let mut writer = Writer::start(&[cluster.nodes[0].resp, cluster.nodes[1].resp], "w");
     wait_for("the writer to write", Duration::from_secs(10), || {
@@ -899,10 +843,7 @@ fn planned_switchover_under_writes_loses_no_acknowledged_write_and_flushes_nothi
     wait_for("the other replica follows", Duration::from_secs(15), || {
         replica_linked_to(other, new_master)
     });
-    wait_for("the leader to finish", Duration::from_secs(15), || {
-        leaders(&cluster, &[0, 1, 2]).len() == 1
-    });
-    let leader = &cluster.nodes[leaders(&cluster, &[0, 1, 2])[0]];
+    let leader = &cluster.nodes[finished_leader(&cluster)];
     let h = recorded(leader);
     let fence = h
         .iter()
@@ -1063,10 +1004,7 @@ fn dragonfly_switchover_uses_repltakeover_without_flushing_and_publishes_the_new
     for n in &cluster.nodes {
         assert_eq!(n.master_addr(GROUP), Some(new_master), "{}", n.id);
     }
-    wait_for("the leader to finish", Duration::from_secs(15), || {
-        leaders(&cluster, &[0, 1, 2]).len() == 1
-    });
-    let leader = &cluster.nodes[leaders(&cluster, &[0, 1, 2])[0]];
+    let leader = &cluster.nodes[finished_leader(&cluster)];
     let h = recorded(leader);
     let fence = h
         .iter()
@@ -1176,34 +1114,20 @@ fn a_leader_killed_after_its_promotion_is_succeeded_without_a_second_promotion()
 
     // The survivors finish the failover with the same replica; the other
     // one never serves as a master meanwhile.
-    let deadline = Instant::now() + FAILOVER_BOUND + Duration::from_secs(10);
-    let (new_master, epoch) = loop {
-        assert_ne!(
-            role(other).as_deref(),
-            Some("master"),
-            "a second replica was promoted\n{}",
-            cluster.logs()
-        );
-        let views: Vec<(Option<SocketAddr>, Option<u64>)> = survivors
-            .iter()
-            .map(|&i| {
-                let g = cluster.nodes[i].group(GROUP);
-                (sock(&g["master"]), g["config_epoch"].as_u64())
-            })
-            .collect();
-        if let (Some(m), Some(e)) = views[0]
-            && m != old
-            && views[1] == views[0]
-        {
-            break (m, e);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the survivors did not finish\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (new_master, epoch) = cluster.wait_agreed_new_master_checking(
+        GROUP,
+        &survivors,
+        old,
+        FAILOVER_BOUND + Duration::from_secs(10),
+        || {
+            assert_ne!(
+                role(other).as_deref(),
+                Some("master"),
+                "a second replica was promoted\n{}",
+                cluster.logs()
+            )
+        },
+    );
     assert_eq!(new_master, first, "{}", cluster.logs());
     assert!(epoch > 0);
     wait_for(
@@ -1271,29 +1195,10 @@ fn an_isolated_daemon_never_fails_over_and_adopts_the_majority_config_after_heal
         assert_eq!(sock(&g["master"]), Some(old), "{g}");
         g
     };
-    let deadline = Instant::now() + FAILOVER_BOUND;
-    let (new_master, epoch) = loop {
-        check_isolated();
-        let v: Vec<_> = [1, 2]
-            .iter()
-            .map(|&j| {
-                let g = cluster.nodes[j].group(GROUP);
-                (sock(&g["master"]), g["config_epoch"].as_u64())
-            })
-            .collect();
-        if let (Some(m), Some(e)) = v[0]
-            && m != old
-            && v[1] == v[0]
-        {
-            break (m, e);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the majority did not fail over\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (new_master, epoch) =
+        cluster.wait_agreed_new_master_checking(GROUP, &[1, 2], old, FAILOVER_BOUND, || {
+            check_isolated();
+        });
     let other = topo
         .replicas
         .iter()

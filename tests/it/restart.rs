@@ -62,21 +62,7 @@ fn setup(master_args: &[&str], replica_args: &[&str], extra: &str) -> Setup {
 /// (and every daemon has read each replica since, so that it knows what
 /// they hold).
 fn fill(topo: &Topology, cluster: &PicketCluster) {
-    let mut conn = RespConn::connect(topo.master.addr(), CMD_TIMEOUT).unwrap();
-    for chunk in 0..KEYS / 1000 {
-        let mut args = vec!["MSET".to_string()];
-        for i in chunk * 1000..(chunk + 1) * 1000 {
-            args.push(format!("key:{i}"));
-            args.push("value".to_string());
-        }
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        assert!(conn.cmd(&refs).unwrap().is_ok());
-    }
-    for r in &topo.replicas {
-        wait_for("the keys replicated", Duration::from_secs(20), || {
-            dbsize(r) == Some(KEYS as i64)
-        });
-    }
+    topo.fill(KEYS, Duration::from_secs(20));
     // Replicas are read every 10 s when all is well (and at once when the
     // master's connection drops); the test waits for a read that shows
     // the keys, so that it does not depend on that.
@@ -98,10 +84,6 @@ fn fill(topo: &Topology, cluster: &PicketCluster) {
             },
         );
     }
-}
-
-fn dbsize(s: &RedisServer) -> Option<i64> {
-    s.cmd(&["DBSIZE"]).ok().and_then(|r| r.as_int())
 }
 
 fn keys_at(addr: SocketAddr) -> Option<i64> {
@@ -140,7 +122,7 @@ fn kill_and_restart_empty(s: &mut Setup, after: Duration) -> SocketAddr {
         wait_for(
             &format!("{} to hold the new master's keys", r.addr()),
             Duration::from_secs(20),
-            || dbsize(r) == Some(kept),
+            || r.dbsize() == Some(kept),
         );
     }
     new_master
@@ -252,7 +234,7 @@ fn a_clean_restart_with_its_data_is_no_failover_and_the_replicas_continue() {
     s.topo.master.restart();
     let back = Instant::now();
     wait_for("the master loaded", Duration::from_secs(20), || {
-        dbsize(&s.topo.master) == Some(KEYS as i64)
+        s.topo.master.dbsize() == Some(KEYS as i64)
     });
     // Every daemon saw the restart and kept the master; the replicas
     // follow it again with every key.
@@ -267,7 +249,7 @@ fn a_clean_restart_with_its_data_is_no_failover_and_the_replicas_continue() {
         wait_for("the replica linked again", Duration::from_secs(20), || {
             replica_linked_to(r, master)
         });
-        assert_eq!(dbsize(r), Some(KEYS as i64));
+        assert_eq!(r.dbsize(), Some(KEYS as i64));
     }
     // Give a wrong decision time to show (well past down_after).
     while back.elapsed() < Duration::from_secs(5) {
@@ -581,7 +563,7 @@ fn with_flush_on_failover_a_master_restarted_empty_stays_and_its_replicas_follow
     // The replicas resynchronise from it: empty, as a flush would leave them.
     for r in &s.topo.replicas {
         wait_for("the replica empty again", Duration::from_secs(20), || {
-            replica_linked_to(r, master) && dbsize(r) == Some(0)
+            replica_linked_to(r, master) && r.dbsize() == Some(0)
         });
     }
     for n in &s.cluster.nodes {
