@@ -583,10 +583,72 @@ quorum = 1
 [[group.discovery]]
 type = "kubernetes"
 namespace = "cache"
+skip_service_gate = true
 "#,
         key: "group[0].discovery[0].pod_selector",
         line: 8,
         reason: "required when mode is \"pod-labels\"",
+    },
+    Bad {
+        what: "kubernetes pod-labels without service and without skip_service_gate",
+        toml: r#"
+[daemon]
+
+[[group]]
+name = "cache"
+master = "127.0.0.5:6379"
+quorum = 1
+
+[[group.discovery]]
+type = "kubernetes"
+namespace = "cache"
+pod_selector = "app=cache"
+"#,
+        key: "group[0].discovery[0].service",
+        line: 8,
+        reason: "is required when mode is \"pod-labels\": name the Service that selects the master",
+    },
+    Bad {
+        what: "kubernetes pod-labels with service and skip_service_gate",
+        toml: r#"
+[daemon]
+
+[[group]]
+name = "cache"
+master = "127.0.0.5:6379"
+quorum = 1
+
+[[group.discovery]]
+type = "kubernetes"
+namespace = "cache"
+pod_selector = "app=cache"
+service = "cache-master"
+skip_service_gate = true
+"#,
+        key: "group[0].discovery[0].skip_service_gate",
+        line: 13,
+        reason: "contradicts `service`",
+    },
+    Bad {
+        what: "kubernetes endpointslice with skip_service_gate",
+        toml: r#"
+[daemon]
+
+[[group]]
+name = "cache"
+master = "127.0.0.5:6379"
+quorum = 1
+
+[[group.discovery]]
+type = "kubernetes"
+namespace = "cache"
+mode = "endpointslice"
+service = "cache"
+skip_service_gate = true
+"#,
+        key: "group[0].discovery[0].skip_service_gate",
+        line: 13,
+        reason: "only applies when mode is \"pod-labels\"",
     },
     Bad {
         what: "kubernetes endpointslice without service",
@@ -625,6 +687,7 @@ quorum = 1
 type = "kubernetes"
 namespace = "Cache_NS"
 pod_selector = "app=cache"
+service = "cache-master"
 "#,
         key: "group[0].discovery[0].namespace",
         line: 10,
@@ -645,6 +708,7 @@ type = "kubernetes"
 kubeconfig = "{dir}/kubeconfig"
 namespace = "cache"
 pod_selector = "app=cache"
+service = "cache-master"
 "#,
         key: "group[0].discovery[0].kubeconfig",
         line: 10,
@@ -665,6 +729,7 @@ type = "kubernetes"
 namespace = "cache"
 pod_selector = "app=cache"
 role_label = ""
+service = "cache-master"
 "#,
         key: "group[0].discovery[0].role_label",
         line: 12,
@@ -685,6 +750,7 @@ type = "kubernetes"
 namespace = "cache"
 pod_selector = "app=cache"
 master_value = "replica"
+service = "cache-master"
 "#,
         key: "group[0].discovery[0].replica_value",
         line: 8,
@@ -1617,6 +1683,7 @@ fn example_config_has_every_key() {
                     required: true,
                     timeout: d,
                     service_gate_timeout: d,
+                    skip_service_gate: true,
                 }),
                 DiscoveryConfig::Exec(ExecConfig {
                     command: vec!["x".into()],

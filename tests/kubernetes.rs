@@ -31,8 +31,10 @@ fn cfg(kubeconfig: &Path, mode: KubernetesMode) -> KubernetesConfig {
         role_label: "role".into(),
         master_value: "master".into(),
         replica_value: "replica".into(),
-        // In pod-labels mode a Service turns on the gate (tests of it set one).
+        // In pod-labels mode a Service turns on the gate (tests of it set
+        // one); the others opt out of it explicitly.
         service: (mode == KubernetesMode::Endpointslice).then(|| "cache".into()),
+        skip_service_gate: mode == KubernetesMode::PodLabels,
         port_name: "redis".into(),
         required: true,
         timeout: Duration::from_secs(2),
@@ -1120,6 +1122,48 @@ async fn kubeconfig_backend_new_reads_the_file() {
         matches!(&e, DiscoveryError::Permanent(m) if m.contains("service")),
         "{e:?}"
     );
+    // pod-labels without `service` is refused unless the gate is skipped
+    // explicitly; skipping it is a warning, never silent.
+    let mut c = cfg(&path, KubernetesMode::PodLabels);
+    c.skip_service_gate = false;
+    let e = KubernetesBackend::new(&c).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m)
+            if m.contains("`service` is required") && m.contains("skip_service_gate = true")),
+        "{e:?}"
+    );
+    c.service = Some("cache-master".into());
+    c.skip_service_gate = true;
+    let e = KubernetesBackend::new(&c).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("contradicts")),
+        "{e:?}"
+    );
+    c.skip_service_gate = false;
+    let gated = KubernetesBackend::new(&c).unwrap();
+    assert_eq!(gated.warning(), None);
+    assert!(gated.service_gate().is_some());
+    let skipped = KubernetesBackend::new(&cfg(&path, KubernetesMode::PodLabels)).unwrap();
+    assert!(
+        skipped
+            .warning()
+            .is_some_and(|w| w.contains("skip_service_gate") && w.contains("old master")),
+        "{:?}",
+        skipped.warning()
+    );
+    assert!(skipped.service_gate().is_none());
+    let mut c = cfg(&path, KubernetesMode::Endpointslice);
+    c.skip_service_gate = true;
+    let e = KubernetesBackend::new(&c).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("only applies to pod-labels")),
+        "{e:?}"
+    );
+    assert_eq!(
+        b.warning(),
+        None,
+        "endpointslice mode needs no Service gate"
+    );
     let mut c = cfg(&path, KubernetesMode::Endpointslice);
     c.kubeconfig = Some(dir.path().join("missing"));
     let e = KubernetesBackend::new(&c).unwrap_err();
@@ -1403,6 +1447,7 @@ fn gated_backend(fake: &FakeKube, dir: &Path, gate_timeout: Duration) -> Kuberne
     let path = token_kubeconfig(dir, fake, DEFAULT_TOKEN);
     let mut c = cfg(&path, KubernetesMode::PodLabels);
     c.service = Some(MASTER_SERVICE.into());
+    c.skip_service_gate = false;
     c.service_gate_timeout = gate_timeout;
     let cluster = ClusterConfig::from_kubeconfig(&path, None).unwrap();
     let client = KubeClient::new(cluster, c.timeout)
