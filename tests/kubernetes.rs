@@ -1605,3 +1605,188 @@ async fn pod_labels_gate_times_out_on_a_stuck_controller() {
     b.publish(&topo(2, "10.0.0.2:6379", None)).await.unwrap();
     assert_eq!(service_lists(&fake), vec!["10.0.0.2"]);
 }
+
+// ---- deploy/kubernetes: the deployment a Dragonfly user applies ----
+
+/// Every YAML document of `deploy/kubernetes/<file>`, parsed.
+fn deploy_docs(file: &str) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/kubernetes")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The one object of `kind` named `name` among `docs`.
+fn the<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .collect();
+    assert_eq!(found.len(), 1, "{kind} {name} in {docs:#?}");
+    found[0]
+}
+
+/// The Role in the first YAML block of docs/kubernetes.md's "## RBAC".
+fn documented_role() -> Value {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/kubernetes.md"))
+            .unwrap();
+    let section = &doc[doc.find("\n## RBAC\n").expect("an RBAC section")..];
+    let start = section.find("```yaml\n").expect("a YAML block") + "```yaml\n".len();
+    let block = &section[start..];
+    let block = &block[..block.find("```").unwrap()];
+    let docs: Vec<Value> = serde_saphyr::from_multiple(block).unwrap();
+    the(&docs, "Role", "picket").clone()
+}
+
+#[test]
+fn the_deployment_parses_its_role_is_the_documented_one_and_its_config_validates() {
+    // Every file the kustomization names parses, and every object is
+    // namespaced in `cache` (but the namespace itself).
+    let kustomization = deploy_docs("kustomization.yaml");
+    let files: Vec<&str> = kustomization[0]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "namespace.yaml",
+            "rbac.yaml",
+            "services.yaml",
+            "dragonfly.yaml"
+        ]
+    );
+    let docs: Vec<Value> = files.iter().flat_map(|f| deploy_docs(f)).collect();
+    for d in &docs {
+        assert!(d["apiVersion"].is_string() && d["kind"].is_string(), "{d}");
+        if d["kind"] != "Namespace" {
+            assert_eq!(d["metadata"]["namespace"], NS, "{d}");
+        }
+    }
+    assert_eq!(docs.len(), 8, "{docs:#?}");
+
+    // The Role is exactly the documented one, bound to picket's identity.
+    let role = the(&docs, "Role", "picket");
+    assert_eq!(role["rules"], documented_role()["rules"]);
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": [""], "resources": ["pods"],
+             "verbs": ["get", "list", "watch", "patch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+             "verbs": ["get", "list", "create", "patch"]},
+        ])
+    );
+    let binding = the(&docs, "RoleBinding", "picket");
+    assert_eq!(binding["roleRef"]["kind"], "Role");
+    assert_eq!(binding["roleRef"]["name"], "picket");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "picket", "namespace": NS}])
+    );
+    the(&docs, "ServiceAccount", "picket");
+
+    // Three Dragonfly pods: readiness probe, preStop hook, anti-affinity,
+    // no persistence.
+    let sts = the(&docs, "StatefulSet", "cache");
+    let spec = &sts["spec"];
+    assert_eq!(spec["replicas"], 3);
+    assert!(spec.get("volumeClaimTemplates").is_none(), "{sts}");
+    let pod = &spec["template"]["spec"];
+    let pod_labels = &spec["template"]["metadata"]["labels"];
+    assert_eq!(
+        pod_labels,
+        &json!({"app": "cache"}),
+        "no role label at birth"
+    );
+    assert_eq!(spec["selector"]["matchLabels"], *pod_labels);
+    assert!(pod.get("volumes").is_none(), "{pod}");
+    let anti =
+        &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(anti["labelSelector"]["matchLabels"], *pod_labels);
+    let c = &pod["containers"][0];
+    assert!(
+        c["image"]
+            .as_str()
+            .unwrap()
+            .contains("dragonflydb/dragonfly:v")
+    );
+    assert!(c["readinessProbe"]["exec"]["command"].is_array(), "{c}");
+    assert_eq!(
+        c["lifecycle"]["preStop"]["exec"]["command"],
+        json!(["sleep", "5"])
+    );
+    assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > 5);
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(args.contains(&"--dbfilename="), "no snapshots: {args:?}");
+    let port_named = |name: &str| {
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["containerPort"].as_u64())
+    };
+    assert_eq!(port_named("redis"), Some(6379));
+
+    // The master and replicas Services select the pods by picket's labels.
+    let master_svc = the(&docs, "Service", "cache-master");
+    let replicas_svc = the(&docs, "Service", "cache-replicas");
+    assert!(the(&docs, "Service", "cache-pods")["spec"]["clusterIP"] == "None");
+
+    // The picket configuration validates (as `picket check-config` does,
+    // with its kubeconfig present) and matches the manifests.
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    std::fs::write(&kc, "apiVersion: v1\nkind: Config\n").unwrap();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/picket.toml"),
+    )
+    .unwrap();
+    assert!(text.contains("\"/etc/picket/kubeconfig\""));
+    let text = text.replace("/etc/picket/kubeconfig", kc.to_str().unwrap());
+    let config = picket::config::load_str(Path::new("picket.toml"), &text)
+        .unwrap_or_else(|e| panic!("deploy/kubernetes/picket.toml: {e}"));
+    let g = &config.groups[0];
+    assert_eq!(
+        g.admin_port.map(|p| p.to_string()),
+        args.iter()
+            .find_map(|a| a.strip_prefix("--admin_port="))
+            .map(str::to_string)
+    );
+    assert_eq!(
+        port_named("admin").map(|p| p as u16),
+        g.admin_port,
+        "the admin port is a container port"
+    );
+    let members = g.members.as_ref().expect("[group.members]");
+    assert_eq!(members.port, picket::config::PortRef::Name("redis".into()));
+    assert!(members.handover_on_delete);
+    let [picket::config::DiscoveryConfig::Kubernetes(k)] = g.discovery.as_slice() else {
+        panic!("one Kubernetes backend: {:?}", g.discovery);
+    };
+    assert_eq!(k.mode, KubernetesMode::PodLabels);
+    assert_eq!(k.namespace, NS);
+    assert!(k.required && !k.skip_service_gate);
+    assert_eq!(k.service.as_deref(), Some("cache-master"));
+    assert_eq!(k.pod_selector.as_deref(), Some("app=cache"));
+    let mut want = pod_labels.clone();
+    want[&k.role_label] = json!(k.master_value);
+    assert_eq!(master_svc["spec"]["selector"], want);
+    want[&k.role_label] = json!(k.replica_value);
+    assert_eq!(replicas_svc["spec"]["selector"], want);
+    for svc in [master_svc, replicas_svc] {
+        assert_eq!(svc["spec"]["ports"][0]["targetPort"], "redis", "{svc}");
+    }
+}
