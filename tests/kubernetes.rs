@@ -1790,3 +1790,125 @@ fn the_deployment_parses_its_role_is_the_documented_one_and_its_config_validates
         assert_eq!(svc["spec"]["ports"][0]["targetPort"], "redis", "{svc}");
     }
 }
+
+// ---- kubeconfig proxy-url: through a local HTTP CONNECT proxy ----
+
+/// A local HTTP CONNECT proxy: each CONNECT is tunnelled to its target
+/// and its target recorded. Its address and the targets.
+async fn connect_proxy() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let targets = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let targets = targets.clone();
+            tokio::spawn(async move {
+                // The request head, at most 8 KiB.
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+                    if client.read_exact(&mut byte).await.is_err() {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                let mut words = head.split_whitespace();
+                let (Some("CONNECT"), Some(target)) = (words.next(), words.next()) else {
+                    let _ = client
+                        .write_all(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    return;
+                };
+                targets.lock().unwrap().push(target.to_string());
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await else {
+                    let _ = client
+                        .write_all(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    return;
+                };
+                if client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .is_ok()
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn kubeconfig_proxy_url_goes_through_an_http_connect_proxy() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    let (proxy, targets) = connect_proxy().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!("{}\n    proxy-url: http://{proxy}", ca_data(&fake)),
+        &format!("    token: {DEFAULT_TOKEN}"),
+    );
+    let b = KubernetesBackend::new(&cfg(&path, KubernetesMode::PodLabels)).unwrap();
+    b.publish(&topo(3, "10.0.0.2:6379", None)).await.unwrap();
+    assert_eq!(role(&fake, "cache-1").as_deref(), Some("master"));
+    assert_eq!(role(&fake, "cache-0").as_deref(), Some("replica"));
+    // Every connection went through the proxy, to the API server, with
+    // TLS to the API server inside the tunnel (the CA and the token are
+    // the kubeconfig's).
+    let fake_addr = fake.url().trim_start_matches("https://").to_string();
+    let seen = targets.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "no CONNECT through the proxy");
+    assert!(
+        seen.iter().all(|t| *t == fake_addr),
+        "{seen:?} vs {fake_addr}"
+    );
+    assert!(
+        fake.requests().iter().all(|r| r.status < 400),
+        "{:?}",
+        fake.requests()
+    );
+
+    // The proxy is really in the path: with it gone, nothing reaches the
+    // API server, and the write fails as a transient error.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = closed.local_addr().unwrap();
+    drop(closed);
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!("{}\n    proxy-url: http://{dead}", ca_data(&fake)),
+        &format!("    token: {DEFAULT_TOKEN}"),
+    );
+    let before = fake.requests().len();
+    let b = backend_with_short_budget(&path, KubernetesMode::PodLabels);
+    let e = b
+        .publish(&topo(4, "10.0.0.1:6379", None))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, DiscoveryError::Transient(_)), "{e:?}");
+    assert_eq!(
+        fake.requests().len(),
+        before,
+        "a request bypassed the proxy"
+    );
+
+    // Only an http:// proxy (HTTP CONNECT) is taken, and a wrong one is
+    // refused up front, naming it.
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!("{}\n    proxy-url: socks5://{proxy}", ca_data(&fake)),
+        &format!("    token: {DEFAULT_TOKEN}"),
+    );
+    let e = KubernetesBackend::new(&cfg(&path, KubernetesMode::PodLabels)).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("proxy-url") && m.contains("socks5")),
+        "{e:?}"
+    );
+}
