@@ -457,8 +457,9 @@ fn a_replaced_replica_pod_becomes_a_labelled_replica_and_its_old_address_is_forg
     // The target: labelled within 2 × down_after + 1 s of being Ready.
     // These servers start a full sync at once (repl-diskless-sync-delay
     // 0); what remains is picket's: seeing the link up (a PING period),
-    // the settle before a re-publication and the writes. It was at least
-    // a whole rank step (1 s) plus up to an INFO period before.
+    // the settle before a re-publication and the writes, 0.2-0.5 s (up to
+    // 1 s on a loaded machine). It was a whole rank step (1 s) plus up to
+    // an INFO period (1 s) before.
     let (linked_at, labelled_at) = (linked_at.unwrap(), labelled_at.unwrap());
     assert!(
         labelled_at <= 2 * DOWN_AFTER + Duration::from_secs(1),
@@ -466,7 +467,7 @@ fn a_replaced_replica_pod_becomes_a_labelled_replica_and_its_old_address_is_forg
         env.logs()
     );
     assert!(
-        labelled_at.saturating_sub(linked_at) < Duration::from_secs(1),
+        labelled_at.saturating_sub(linked_at) < Duration::from_millis(1500),
         "labelled {:?} after its link came up\n{}",
         labelled_at.saturating_sub(linked_at),
         env.logs()
