@@ -616,8 +616,16 @@ impl KubeClient {
                     (err, a.retry_after)
                 }
                 Err(e) => {
+                    // No request was sent: no credential, or no client
+                    // for the exec plugin's certificate.
                     if let Some(c) = credential_failure(&e) {
                         return Err(ClientError::Credentials(c));
+                    }
+                    if let Some(c) = chain(&e)
+                        .into_iter()
+                        .find_map(|c| c.downcast_ref::<ClientError>().cloned())
+                    {
+                        return Err(c);
                     }
                     if let Some(msg) = tls_failure(&e) {
                         return Err(ClientError::Tls {
