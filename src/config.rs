@@ -473,6 +473,13 @@ pub struct KubernetesConfig {
     /// for the new one to appear there.
     #[serde(with = "humantime_serde", default = "default_service_gate_timeout")]
     pub service_gate_timeout: Duration,
+    /// pod-labels without `service`: the explicit opt-out of the Service
+    /// gate. Without `service` the fence is confirmed as soon as the label
+    /// PATCH is accepted, while the Service may still route to the old
+    /// master; picket refuses that unless this is set, and warns (log,
+    /// `/v1/status`, `picket_discovery_gate_skipped`) when it is.
+    #[serde(default)]
+    pub skip_service_gate: bool,
 }
 
 /// `type = "exec"`.
@@ -1739,6 +1746,14 @@ impl DiscoveryConfig {
     }
 }
 
+/// Why pod-labels mode needs `service` (the config check and the backend
+/// say the same).
+pub const NO_SERVICE_GATE: &str = "is required when mode is \"pod-labels\": name the Service \
+     that selects the master by its role label, so that a fence is confirmed only once that \
+     Service no longer routes to the old master (without it the new master can be promoted \
+     while the Service still sends writes to the old one); to run without that check, set \
+     skip_service_gate = true";
+
 impl KubernetesConfig {
     fn validate(&self, key: &str, v: &mut Problems) {
         validate_kube_credentials(key, &self.kubeconfig, &self.context, v);
@@ -1758,11 +1773,25 @@ impl KubernetesConfig {
                     }
                     Some(_) => {}
                 }
-                if let Some(s) = self.service.as_deref() {
-                    v.check(format!("{key}.service"), dns_label_problem(s, true));
+                match (self.service.as_deref(), self.skip_service_gate) {
+                    (Some(s), false) => {
+                        v.check(format!("{key}.service"), dns_label_problem(s, true))
+                    }
+                    (Some(_), true) => v.add(
+                        format!("{key}.skip_service_gate"),
+                        "contradicts `service`: keep one of them",
+                    ),
+                    (None, true) => {}
+                    (None, false) => v.add(format!("{key}.service"), NO_SERVICE_GATE),
                 }
             }
             KubernetesMode::Endpointslice => {
+                if self.skip_service_gate {
+                    v.add(
+                        format!("{key}.skip_service_gate"),
+                        "only applies when mode is \"pod-labels\"",
+                    );
+                }
                 match self.service.as_deref() {
                     None => v.add(
                         format!("{key}.service"),

@@ -344,6 +344,19 @@ pub fn start_group(
     for b in built.backends.iter().filter(|b| b.service_gate().is_some()) {
         metrics::register_gate(b.kind());
     }
+    for b in &built.backends {
+        if let Some(w) = b.warning() {
+            tracing::warn!(group = %g.name, backend = %b.name(), "{w}");
+        }
+    }
+    metrics::register_gate_skipped(
+        &g.name,
+        built
+            .backends
+            .iter()
+            .filter(|b| b.warning().is_some())
+            .count(),
+    );
     let runner = Arc::new(discovery::runner::DiscoveryRunner::new(
         g.name.clone(),
         built.backends,

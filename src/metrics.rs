@@ -87,6 +87,10 @@ pub const DISCOVERY_WRITE_DURATION: &str = "picket_discovery_write_duration_seco
 /// Service's EndpointSlices (`backend`, `gate` = fence|publish, `result` =
 /// ok|timeout|error); only for pod-labels backends with `service`.
 pub const DISCOVERY_GATE_WAIT: &str = "picket_discovery_gate_wait_seconds";
+/// Gauge `{group}`: how many of the group's pod-labels backends run with
+/// `skip_service_gate = true` (their fence is not verified on the
+/// Service); only for groups that have any.
+pub const DISCOVERY_GATE_SKIPPED: &str = "picket_discovery_gate_skipped";
 
 /// Gauge: 1 while `data_dir/state.json` can be written, 0 after a write
 /// failed (the daemon then neither votes nor starts elections).
@@ -219,6 +223,10 @@ pub fn describe() {
         DISCOVERY_GATE_WAIT,
         "Time a fence or publication waited for the Service's EndpointSlices"
     );
+    describe_gauge!(
+        DISCOVERY_GATE_SKIPPED,
+        "Kubernetes pod-labels backends whose fence is not verified on the Service (skip_service_gate)"
+    );
 }
 
 /// Install the Prometheus recorder for this process and describe the metrics.
@@ -297,6 +305,15 @@ pub fn register_gate(kind: &str) {
             let _ = metrics::histogram!(DISCOVERY_GATE_WAIT, "backend" => kind.to_string(),
                 "gate" => *gate, "result" => *result);
         }
+    }
+}
+
+/// Set [`DISCOVERY_GATE_SKIPPED`] for `group` when it has such backends
+/// (`skipped`): a group without any has no series, so that the gauge does
+/// not appear for configurations it says nothing about.
+pub fn register_gate_skipped(group: &str, skipped: usize) {
+    if skipped > 0 {
+        metrics::gauge!(DISCOVERY_GATE_SKIPPED, "group" => label(group)).set(skipped as f64);
     }
 }
 

@@ -1,6 +1,6 @@
 //! What picket decodes from the Kubernetes side
 //! (`picket::discovery::kubernetes`): API answers (a LIST's `items`, error
-//! `Status` bodies, watch events), the pod and EndpointSlice fields it
+//! `Status` bodies; watch events are kube-runtime's), the pod and EndpointSlice fields it
 //! reads (a pod as a group member), exec
 //! credential plugin output (`ExecCredential` JSON) and kubeconfig YAML
 //! (serde-saphyr). None of it may panic.
@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use picket::addr::Addr;
 use picket::config::PortRef;
-use picket::discovery::kubernetes::client::{decode_error_body, decode_watch_event, list_items};
+use picket::discovery::kubernetes::client::{decode_error_body, list_items};
 use picket::discovery::kubernetes::members::member_of;
 use picket::discovery::kubernetes::endpointslice::{normalized_endpoints, normalized_ports};
 use picket::discovery::kubernetes::kubeconfig::{ClusterConfig, decode_exec_credential};
@@ -59,11 +59,6 @@ fuzz_target!(|data: &[u8]| {
                 let _ = pod_name_of(&items, &addr);
             }
         }
-    }
-
-    // A line of a watch.
-    if let Ok(ev) = decode_watch_event("https://127.0.0.1:6443/api/v1/pods", data) {
-        let _ = ev.resource_version();
     }
 
     // An error answer.

@@ -121,6 +121,13 @@ pub trait Backend: Send + Sync {
     fn service_gate(&self) -> Option<kubernetes::gate::GateStatus> {
         None
     }
+    /// Why this backend's writes do not give the guarantee its kind
+    /// normally gives, when the configuration opted out of it (a
+    /// pod-labels backend with `skip_service_gate`): logged at start, shown
+    /// in `/v1/status` and counted in `picket_discovery_gate_skipped`.
+    fn warning(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// The backends of a group, plus handles on its recording backends.

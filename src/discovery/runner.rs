@@ -173,6 +173,10 @@ pub struct BackendStatus {
     /// `service`); absent for other backends.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_gate: Option<super::kubernetes::gate::GateStatus>,
+    /// [`super::Backend::warning`]: what this backend does not guarantee
+    /// as configured; absent when nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<&'static str>,
 }
 
 /// Why one backend did not confirm a write.
@@ -401,6 +405,7 @@ impl Slot {
             writes_failed: c.writes_failed,
             retrying: c.retrying,
             service_gate: self.backend.service_gate(),
+            warning: self.backend.warning(),
         }
     }
 }

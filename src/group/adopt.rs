@@ -226,9 +226,10 @@ impl Group {
     /// config. Backends refuse it if they hold a newer epoch.
     ///
     /// Within an epoch the publication is made again when the linked
-    /// replicas change (a new member attached, a replica lost), after a
-    /// pause of [`members::RANK_STEP`] per rank: the first daemon writes,
-    /// the others find the objects already so and write nothing.
+    /// replicas change (a new member attached, a replica lost), after
+    /// [`members::REPUBLISH_SETTLE`] plus [`members::RANK_STEP`] per rank:
+    /// the first daemon writes, the others find the objects already so and
+    /// write nothing.
     pub(super) fn publish_current_if_needed(&mut self) {
         if !self.reports_master_now(&self.master) {
             return;
@@ -250,8 +251,16 @@ impl Group {
         // The first daemon in rank order writes; the others come after it
         // and find the objects already showing the epoch (after a start,
         // three daemons writing at once fought with 409 Conflicts).
+        // A re-publication has no leader: the first daemon writes after a
+        // short settle (changes within it, replicas re-attaching one after
+        // another, make one write), the others a rank step apart after it.
         let rank = self.rank() as u32;
-        let wait = members::RANK_STEP * if republish { 1 + rank } else { rank };
+        let wait = members::RANK_STEP * rank
+            + if republish {
+                members::REPUBLISH_SETTLE
+            } else {
+                Duration::ZERO
+            };
         let due = *self.republish_due.get_or_insert(now + wait);
         if now < due {
             return;

@@ -26,6 +26,13 @@ use crate::probe::Role;
 /// first does it at once, the others find it done and write nothing.
 pub(super) const RANK_STEP: Duration = Duration::from_millis(1000);
 
+/// How long the first daemon in rank order waits before it re-publishes
+/// an epoch whose linked replicas changed: long enough for replicas
+/// re-attaching together to make one write, short against the target of
+/// a new replica labelled within 2 × `down_after` + 1 s of being Ready
+/// (a whole [`RANK_STEP`] here was a second of the 2 s picket took).
+pub(super) const REPUBLISH_SETTLE: Duration = Duration::from_millis(200);
+
 impl Group {
     /// The pod watch reports the group's pods.
     pub(super) fn on_members(&mut self, now: Instant, members: Arc<Members>) {

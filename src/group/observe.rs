@@ -41,8 +41,9 @@ pub(super) struct Instance {
     pub(super) busy: bool,
     /// The `SCRIPT KILL` sent while it was SDOWN and busy.
     pub(super) script_kill: Option<KillAttempt>,
-    /// Its probe reads INFO every [`INFO_FAST`] (else every [`INFO_SLOW`]).
-    pub(super) info_fast: bool,
+    /// The INFO period its probe was given: [`INFO_SLOW`], [`INFO_FAST`],
+    /// or the PING period while it syncs from the master.
+    pub(super) info_period: Duration,
     /// Its probe reads only `INFO replication` between full reads
     /// [`INFO_SLOW`] apart (a healthy master).
     pub(super) info_light: bool,
@@ -325,7 +326,7 @@ impl Group {
                 wrong_master_since: None,
                 busy: false,
                 script_kill: None,
-                info_fast: true,
+                info_period: INFO_FAST.max(ping),
                 info_light: false,
                 up_gauge,
                 info_age_gauge: None,
@@ -392,29 +393,46 @@ impl Group {
             let is_master = inst.addr == *master;
             let online = is_master || listed.is_none_or(|rs| inst.listed_online(rs));
             let fast = watch || is_master || !online || !inst.settled();
+            // A replica whose link is down is syncing (a member just made
+            // a replica, a replica re-pointed): read at the PING period, so
+            // that the moment its link comes up (and the master is read
+            // again, see `on_probe`) is seen within a PING period, not an
+            // INFO period: it is published as a replica only then.
+            let syncing = !is_master
+                && inst
+                    .info
+                    .as_ref()
+                    .is_some_and(|i| i.role == Role::Replica && !i.master_link_up);
+            let period = if syncing {
+                ping
+            } else if fast {
+                INFO_FAST.max(ping)
+            } else {
+                INFO_SLOW.max(ping)
+            };
             // A healthy master's replication state is read every second,
             // the rest of its INFO at the slow period: nothing else it
             // tells changes while it serves (a restart is a new
             // connection, which is read in full). Anything that makes
             // the group watch reads every INFO in full.
             let light = is_master && !watch;
-            if fast != inst.info_fast || light != inst.info_light {
-                changed.push((inst.addr.clone(), fast, light));
+            if period != inst.info_period || light != inst.info_light {
+                changed.push((inst.addr.clone(), period, light));
             }
         }
-        for (addr, fast, light) in changed {
+        for (addr, period, light) in changed {
             let Some(inst) = instances.get_mut(&addr) else {
                 continue;
             };
             if let Some(p) = inst.probe.as_ref() {
-                if fast != inst.info_fast {
-                    p.set_info_period(if fast { INFO_FAST } else { INFO_SLOW }.max(ping));
+                if period != inst.info_period {
+                    p.set_info_period(period);
                 }
                 if light != inst.info_light {
                     p.set_full_info_every(light.then_some(INFO_SLOW));
                 }
             }
-            inst.info_fast = fast;
+            inst.info_period = period;
             inst.info_light = light;
         }
     }
@@ -511,6 +529,7 @@ impl Group {
         let mut resolved = None;
         let mut reboot = None;
         let mut reread_replicas = false;
+        let mut link_came_up = false;
         match ev {
             ProbeEvent::Ping {
                 at,
@@ -606,6 +625,16 @@ impl Group {
                     metrics::gauge!(m::INSTANCE_ROLE, "group" => group.clone(), m::SERVER_LABEL => inst.server.clone(), "role" => "replica")
                         .set(if info.role == Role::Replica { 1.0 } else { 0.0 });
                 }
+                // A replica whose link has just come up (its sync is
+                // done): the master's list says whether it is online, and
+                // is read at once rather than at its next period.
+                link_came_up = !is_master
+                    && info.role == Role::Replica
+                    && info.master_link_up
+                    && inst
+                        .info
+                        .as_ref()
+                        .is_some_and(|i| i.role != Role::Replica || !i.master_link_up);
                 inst.info = Some(info);
                 inst.info_at = Some(at);
                 inst.identity_before = None;
@@ -623,6 +652,9 @@ impl Group {
         }
         if reread_replicas {
             self.refresh_replicas_info();
+        }
+        if link_came_up {
+            self.refresh_info(&self.master);
         }
         if let Some(why) = reboot {
             self.on_reboot(&addr, &why);

@@ -533,6 +533,7 @@ fn example_config_has_every_key() {
                     required: true,
                     timeout: d,
                     service_gate_timeout: d,
+                    skip_service_gate: true,
                 }),
                 DiscoveryConfig::Exec(ExecConfig {
                     command: vec!["x".into()],

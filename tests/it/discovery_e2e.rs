@@ -689,6 +689,9 @@ kubeconfig = "{kc}"
 namespace = "{NS}"
 mode = "pod-labels"
 pod_selector = "app=cache"
+# No Service selects the pods here: the fence is confirmed on the label
+# write alone, which picket allows only when asked to (and warns).
+skip_service_gate = true
 required = {k8s_req}
 
 [[group.discovery]]
@@ -1004,6 +1007,15 @@ required = {hook_req}
         self.rt.block_on(async {
             let r = self.http.get(&url).send().await.ok()?;
             r.json::<Value>().await.ok()
+        })
+    }
+
+    /// `/metrics` of daemon `i`, None when it does not answer.
+    fn metrics(&self, i: usize) -> Option<String> {
+        let url = format!("http://{}/metrics", self.daemons[i].http);
+        self.rt.block_on(async {
+            let r = self.http.get(&url).send().await.ok()?;
+            r.text().await.ok()
         })
     }
 
@@ -1803,7 +1815,37 @@ fn startup_publication_labels_the_master_before_any_failover() {
             let g = g.unwrap();
             assert_eq!(g["config_epoch"], 0, "{g:#}");
             assert!(g["last_failover"].is_null(), "{g:#}");
+            // The pod-labels backend skips the Service gate (no Service
+            // here): said in the status, and only for that backend.
+            for b in g["discovery"].as_array().unwrap() {
+                if b["name"] == "kubernetes:cache/pods app=cache" {
+                    let w = b["warning"].as_str().unwrap_or_default();
+                    assert!(
+                        w.contains("skip_service_gate") && w.contains("old master"),
+                        "{b}"
+                    );
+                } else {
+                    assert!(b.get("warning").is_none(), "{b}");
+                }
+            }
         }
+        // ... in the metrics ...
+        for i in 0..3 {
+            let text = env.metrics(i).unwrap();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("picket_discovery_gate_skipped{"))
+                .unwrap_or_else(|| panic!("no picket_discovery_gate_skipped:\n{text}"));
+            assert_eq!(line, "picket_discovery_gate_skipped{group=\"cache\"} 1");
+        }
+        // ... and in the log of each daemon.
+        let logs = env.logs();
+        assert_eq!(
+            logs.matches("skip_service_gate: the fence is confirmed as soon as")
+                .count(),
+            3,
+            "{logs}"
+        );
     }
     // The slice and the files already hold a newer epoch: the start-up
     // publication labels the pods but leaves the slice and the files alone.

@@ -30,8 +30,10 @@ fn cfg(kubeconfig: &Path, mode: KubernetesMode) -> KubernetesConfig {
         role_label: "role".into(),
         master_value: "master".into(),
         replica_value: "replica".into(),
-        // In pod-labels mode a Service turns on the gate (tests of it set one).
+        // In pod-labels mode a Service turns on the gate (tests of it set
+        // one); the others opt out of it explicitly.
         service: (mode == KubernetesMode::Endpointslice).then(|| "cache".into()),
+        skip_service_gate: mode == KubernetesMode::PodLabels,
         port_name: "redis".into(),
         required: true,
         timeout: Duration::from_secs(2),
@@ -1119,6 +1121,48 @@ async fn kubeconfig_backend_new_reads_the_file() {
         matches!(&e, DiscoveryError::Permanent(m) if m.contains("service")),
         "{e:?}"
     );
+    // pod-labels without `service` is refused unless the gate is skipped
+    // explicitly; skipping it is a warning, never silent.
+    let mut c = cfg(&path, KubernetesMode::PodLabels);
+    c.skip_service_gate = false;
+    let e = KubernetesBackend::new(&c).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m)
+            if m.contains("`service` is required") && m.contains("skip_service_gate = true")),
+        "{e:?}"
+    );
+    c.service = Some("cache-master".into());
+    c.skip_service_gate = true;
+    let e = KubernetesBackend::new(&c).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("contradicts")),
+        "{e:?}"
+    );
+    c.skip_service_gate = false;
+    let gated = KubernetesBackend::new(&c).unwrap();
+    assert_eq!(gated.warning(), None);
+    assert!(gated.service_gate().is_some());
+    let skipped = KubernetesBackend::new(&cfg(&path, KubernetesMode::PodLabels)).unwrap();
+    assert!(
+        skipped
+            .warning()
+            .is_some_and(|w| w.contains("skip_service_gate") && w.contains("old master")),
+        "{:?}",
+        skipped.warning()
+    );
+    assert!(skipped.service_gate().is_none());
+    let mut c = cfg(&path, KubernetesMode::Endpointslice);
+    c.skip_service_gate = true;
+    let e = KubernetesBackend::new(&c).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("only applies to pod-labels")),
+        "{e:?}"
+    );
+    assert_eq!(
+        b.warning(),
+        None,
+        "endpointslice mode needs no Service gate"
+    );
     let mut c = cfg(&path, KubernetesMode::Endpointslice);
     c.kubeconfig = Some(dir.path().join("missing"));
     let e = KubernetesBackend::new(&c).unwrap_err();
@@ -1402,6 +1446,7 @@ fn gated_backend(fake: &FakeKube, dir: &Path, gate_timeout: Duration) -> Kuberne
     let path = token_kubeconfig(dir, fake, DEFAULT_TOKEN);
     let mut c = cfg(&path, KubernetesMode::PodLabels);
     c.service = Some(MASTER_SERVICE.into());
+    c.skip_service_gate = false;
     c.service_gate_timeout = gate_timeout;
     let cluster = ClusterConfig::from_kubeconfig(&path, None).unwrap();
     let client = KubeClient::new(cluster, c.timeout)
@@ -1558,4 +1603,311 @@ async fn pod_labels_gate_times_out_on_a_stuck_controller() {
     fake.set_controller_stuck(false);
     b.publish(&topo(2, "10.0.0.2:6379", None)).await.unwrap();
     assert_eq!(service_lists(&fake), vec!["10.0.0.2"]);
+}
+
+// ---- deploy/kubernetes: the deployment a Dragonfly user applies ----
+
+/// Every YAML document of `deploy/kubernetes/<file>`, parsed.
+fn deploy_docs(file: &str) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/kubernetes")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The one object of `kind` named `name` among `docs`.
+fn the<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .collect();
+    assert_eq!(found.len(), 1, "{kind} {name} in {docs:#?}");
+    found[0]
+}
+
+/// The Role in the first YAML block of docs/kubernetes.md's "## RBAC".
+fn documented_role() -> Value {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/kubernetes.md"))
+            .unwrap();
+    let section = &doc[doc.find("\n## RBAC\n").expect("an RBAC section")..];
+    let start = section.find("```yaml\n").expect("a YAML block") + "```yaml\n".len();
+    let block = &section[start..];
+    let block = &block[..block.find("```").unwrap()];
+    let docs: Vec<Value> = serde_saphyr::from_multiple(block).unwrap();
+    the(&docs, "Role", "picket").clone()
+}
+
+#[test]
+fn the_deployment_parses_its_role_is_the_documented_one_and_its_config_validates() {
+    // Every file the kustomization names parses, and every object is
+    // namespaced in `cache` (but the namespace itself).
+    let kustomization = deploy_docs("kustomization.yaml");
+    let files: Vec<&str> = kustomization[0]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "namespace.yaml",
+            "rbac.yaml",
+            "services.yaml",
+            "dragonfly.yaml"
+        ]
+    );
+    let docs: Vec<Value> = files.iter().flat_map(|f| deploy_docs(f)).collect();
+    for d in &docs {
+        assert!(d["apiVersion"].is_string() && d["kind"].is_string(), "{d}");
+        if d["kind"] != "Namespace" {
+            assert_eq!(d["metadata"]["namespace"], NS, "{d}");
+        }
+    }
+    assert_eq!(docs.len(), 8, "{docs:#?}");
+
+    // The Role is exactly the documented one, bound to picket's identity.
+    let role = the(&docs, "Role", "picket");
+    assert_eq!(role["rules"], documented_role()["rules"]);
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": [""], "resources": ["pods"],
+             "verbs": ["get", "list", "watch", "patch"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+             "verbs": ["get", "list", "create", "patch"]},
+        ])
+    );
+    let binding = the(&docs, "RoleBinding", "picket");
+    assert_eq!(binding["roleRef"]["kind"], "Role");
+    assert_eq!(binding["roleRef"]["name"], "picket");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "picket", "namespace": NS}])
+    );
+    the(&docs, "ServiceAccount", "picket");
+
+    // Three Dragonfly pods: readiness probe, preStop hook, anti-affinity,
+    // no persistence.
+    let sts = the(&docs, "StatefulSet", "cache");
+    let spec = &sts["spec"];
+    assert_eq!(spec["replicas"], 3);
+    assert!(spec.get("volumeClaimTemplates").is_none(), "{sts}");
+    let pod = &spec["template"]["spec"];
+    let pod_labels = &spec["template"]["metadata"]["labels"];
+    assert_eq!(
+        pod_labels,
+        &json!({"app": "cache"}),
+        "no role label at birth"
+    );
+    assert_eq!(spec["selector"]["matchLabels"], *pod_labels);
+    assert!(pod.get("volumes").is_none(), "{pod}");
+    let anti =
+        &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(anti["labelSelector"]["matchLabels"], *pod_labels);
+    let c = &pod["containers"][0];
+    assert!(
+        c["image"]
+            .as_str()
+            .unwrap()
+            .contains("dragonflydb/dragonfly:v")
+    );
+    assert!(c["readinessProbe"]["exec"]["command"].is_array(), "{c}");
+    assert_eq!(
+        c["lifecycle"]["preStop"]["exec"]["command"],
+        json!(["sleep", "5"])
+    );
+    assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() > 5);
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(args.contains(&"--dbfilename="), "no snapshots: {args:?}");
+    let port_named = |name: &str| {
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["containerPort"].as_u64())
+    };
+    assert_eq!(port_named("redis"), Some(6379));
+
+    // The master and replicas Services select the pods by picket's labels.
+    let master_svc = the(&docs, "Service", "cache-master");
+    let replicas_svc = the(&docs, "Service", "cache-replicas");
+    assert!(the(&docs, "Service", "cache-pods")["spec"]["clusterIP"] == "None");
+
+    // The picket configuration validates (as `picket check-config` does,
+    // with its kubeconfig present) and matches the manifests.
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("kubeconfig");
+    std::fs::write(&kc, "apiVersion: v1\nkind: Config\n").unwrap();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/picket.toml"),
+    )
+    .unwrap();
+    assert!(text.contains("\"/etc/picket/kubeconfig\""));
+    let text = text.replace("/etc/picket/kubeconfig", kc.to_str().unwrap());
+    let config = picket::config::load_str(Path::new("picket.toml"), &text)
+        .unwrap_or_else(|e| panic!("deploy/kubernetes/picket.toml: {e}"));
+    let g = &config.groups[0];
+    assert_eq!(
+        g.admin_port.map(|p| p.to_string()),
+        args.iter()
+            .find_map(|a| a.strip_prefix("--admin_port="))
+            .map(str::to_string)
+    );
+    assert_eq!(
+        port_named("admin").map(|p| p as u16),
+        g.admin_port,
+        "the admin port is a container port"
+    );
+    let members = g.members.as_ref().expect("[group.members]");
+    assert_eq!(members.port, picket::config::PortRef::Name("redis".into()));
+    assert!(members.handover_on_delete);
+    let [picket::config::DiscoveryConfig::Kubernetes(k)] = g.discovery.as_slice() else {
+        panic!("one Kubernetes backend: {:?}", g.discovery);
+    };
+    assert_eq!(k.mode, KubernetesMode::PodLabels);
+    assert_eq!(k.namespace, NS);
+    assert!(k.required && !k.skip_service_gate);
+    assert_eq!(k.service.as_deref(), Some("cache-master"));
+    assert_eq!(k.pod_selector.as_deref(), Some("app=cache"));
+    let mut want = pod_labels.clone();
+    want[&k.role_label] = json!(k.master_value);
+    assert_eq!(master_svc["spec"]["selector"], want);
+    want[&k.role_label] = json!(k.replica_value);
+    assert_eq!(replicas_svc["spec"]["selector"], want);
+    for svc in [master_svc, replicas_svc] {
+        assert_eq!(svc["spec"]["ports"][0]["targetPort"], "redis", "{svc}");
+    }
+}
+
+// ---- kubeconfig proxy-url: through a local HTTP CONNECT proxy ----
+
+/// A local HTTP CONNECT proxy: each CONNECT is tunnelled to its target
+/// and its target recorded. Its address and the targets.
+async fn connect_proxy() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let targets = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let targets = targets.clone();
+            tokio::spawn(async move {
+                // The request head, at most 8 KiB.
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+                    if client.read_exact(&mut byte).await.is_err() {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                let mut words = head.split_whitespace();
+                let (Some("CONNECT"), Some(target)) = (words.next(), words.next()) else {
+                    let _ = client
+                        .write_all(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    return;
+                };
+                targets.lock().unwrap().push(target.to_string());
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await else {
+                    let _ = client
+                        .write_all(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    return;
+                };
+                if client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .is_ok()
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test]
+async fn kubeconfig_proxy_url_goes_through_an_http_connect_proxy() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    let (proxy, targets) = connect_proxy().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!("{}\n    proxy-url: http://{proxy}", ca_data(&fake)),
+        &format!("    token: {DEFAULT_TOKEN}"),
+    );
+    let b = KubernetesBackend::new(&cfg(&path, KubernetesMode::PodLabels)).unwrap();
+    b.publish(&topo(3, "10.0.0.2:6379", None)).await.unwrap();
+    assert_eq!(role(&fake, "cache-1").as_deref(), Some("master"));
+    assert_eq!(role(&fake, "cache-0").as_deref(), Some("replica"));
+    // Every connection went through the proxy, to the API server, with
+    // TLS to the API server inside the tunnel (the CA and the token are
+    // the kubeconfig's).
+    let fake_addr = fake.url().trim_start_matches("https://").to_string();
+    let seen = targets.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "no CONNECT through the proxy");
+    assert!(
+        seen.iter().all(|t| *t == fake_addr),
+        "{seen:?} vs {fake_addr}"
+    );
+    assert!(
+        fake.requests().iter().all(|r| r.status < 400),
+        "{:?}",
+        fake.requests()
+    );
+
+    // The proxy is really in the path: with it gone, nothing reaches the
+    // API server, and the write fails as a transient error.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = closed.local_addr().unwrap();
+    drop(closed);
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!("{}\n    proxy-url: http://{dead}", ca_data(&fake)),
+        &format!("    token: {DEFAULT_TOKEN}"),
+    );
+    let before = fake.requests().len();
+    let b = backend_with_short_budget(&path, KubernetesMode::PodLabels);
+    let e = b
+        .publish(&topo(4, "10.0.0.1:6379", None))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, DiscoveryError::Transient(_)), "{e:?}");
+    assert_eq!(
+        fake.requests().len(),
+        before,
+        "a request bypassed the proxy"
+    );
+
+    // Only an http:// proxy (HTTP CONNECT) is taken, and a wrong one is
+    // refused up front, naming it.
+    let path = kubeconfig_with(
+        dir.path(),
+        &format!("{}\n    proxy-url: socks5://{proxy}", ca_data(&fake)),
+        &format!("    token: {DEFAULT_TOKEN}"),
+    );
+    let e = KubernetesBackend::new(&cfg(&path, KubernetesMode::PodLabels)).unwrap_err();
+    assert!(
+        matches!(&e, DiscoveryError::Permanent(m) if m.contains("proxy-url") && m.contains("socks5")),
+        "{e:?}"
+    );
 }

@@ -1,23 +1,31 @@
-//! A small Kubernetes REST client over reqwest: exactly the calls picket
-//! makes (get, list by label selector, create, patch, replace) on pods and
-//! `discovery.k8s.io/v1` EndpointSlices.
+//! The Kubernetes client: picket's few calls (get, list by label
+//! selector, create, patch, replace) on pods and `discovery.k8s.io/v1`
+//! EndpointSlices, sent through kube-rs's [`kube::Client`], which owns the
+//! connection: TLS (rustls on ring), the CA, `insecure-skip-tls-verify`,
+//! `tls-server-name`, client certificates and the kubeconfig `proxy-url`
+//! (HTTP CONNECT). The pod watch is kube-runtime's watcher (`members.rs`).
 //!
-//! Every call has a budget: transient failures (429, 5xx, timeouts,
-//! connection errors) are retried with jittered exponential backoff, or
-//! after `Retry-After` when the server sends one, until the budget would
-//! be exceeded. A 401 makes a refreshable credential (token file, exec
-//! plugin) be fetched again once; after that 401 and 403 are final.
+//! Kept here, because kube-rs does not do it: every call has a budget, in
+//! which transient failures (429, 5xx, timeouts, connection errors) are
+//! retried with jittered exponential backoff, or after `Retry-After` when
+//! the server sends one; a 401 makes a refreshable credential (token file,
+//! exec plugin) be fetched again once, after which 401 and 403 are final;
+//! an answer of the wrong shape (a proxy's page, a truncated body) is not
+//! taken for an object; the errors name the request and say what to check.
+//! Bearer tokens come from picket's own credentials (`kubeconfig.rs`): an
+//! exec plugin is run with a deadline and never interactively, which kube
+//! does not offer.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use reqwest::{Method, StatusCode};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER, USER_AGENT};
+use http::{Method, StatusCode};
+use http_body_util::BodyExt as _;
+use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -266,9 +274,16 @@ struct Inner {
     timeout: Duration,
     retry: RetryPolicy,
     /// The client built with the kubeconfig's own identity (if any).
-    base_http: reqwest::Client,
+    base: kube::Client,
     /// The client for the identity an exec plugin returned last.
-    exec_http: Mutex<Option<(ClientIdentity, reqwest::Client)>>,
+    exec: Mutex<Option<(ClientIdentity, kube::Client)>>,
+}
+
+/// One answer: its status, `Retry-After`, and its body.
+struct Answer {
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    body: bytes::Bytes,
 }
 
 impl KubeClient {
@@ -277,16 +292,7 @@ impl KubeClient {
     /// Fails when the CA or client certificate cannot be used, so that a
     /// bad configuration shows at start-up rather than at the first failover.
     pub fn new(cluster: ClusterConfig, timeout: Duration) -> Result<Self, ClientError> {
-        crate::tls::install_crypto_provider();
-        let url = reqwest::Url::parse(&cluster.server)
-            .map_err(|_| ClientError::InvalidServer(cluster.server.clone()))?;
-        if !matches!(url.scheme(), "https" | "http")
-            || url.host_str().is_none()
-            || url.query().is_some()
-        {
-            return Err(ClientError::InvalidServer(cluster.server.clone()));
-        }
-        let base_http = build_http(&cluster, cluster.client_identity.as_ref(), timeout)?;
+        let base = build_kube(&cluster, cluster.client_identity.as_ref(), timeout)?;
         Ok(KubeClient {
             inner: Arc::new(Inner {
                 server: cluster.server.clone(),
@@ -294,8 +300,8 @@ impl KubeClient {
                 cluster,
                 timeout,
                 retry: RetryPolicy::default(),
-                base_http,
-                exec_http: Mutex::new(None),
+                base,
+                exec: Mutex::new(None),
             }),
         })
     }
@@ -313,8 +319,8 @@ impl KubeClient {
                 creds: Credentials::new(&shared.cluster),
                 timeout: shared.timeout,
                 retry,
-                base_http: shared.base_http.clone(),
-                exec_http: Mutex::new(None),
+                base: shared.base.clone(),
+                exec: Mutex::new(None),
             },
         };
         KubeClient {
@@ -325,6 +331,34 @@ impl KubeClient {
     /// The API server's base URL.
     pub fn server(&self) -> &str {
         &self.inner.server
+    }
+
+    /// A kube-rs client for a watch lasting `watch_timeout` (the pod
+    /// watcher, which kube-runtime drives): the credential of now built
+    /// in, and a read timeout a little longer than the watch, so that a
+    /// connection that died silently is noticed.
+    pub async fn watch_client(&self, watch_timeout: Duration) -> Result<kube::Client, ClientError> {
+        let auth = self.inner.creds.current().await?;
+        build(
+            &self.inner.cluster,
+            auth.identity
+                .as_ref()
+                .or(self.inner.cluster.client_identity.as_ref()),
+            self.inner.timeout,
+            Some(watch_timeout + self.inner.timeout),
+            auth.token.as_ref().map(|t| t.expose()),
+        )
+    }
+
+    /// Forget the current credential after a 401 (the watcher's), so that
+    /// the next request fetches a new one; whether there is one to fetch.
+    pub async fn reauthenticate(&self) -> bool {
+        if self.inner.creds.refreshable() {
+            self.inner.creds.invalidate().await;
+            true
+        } else {
+            false
+        }
     }
 
     /// GET one object.
@@ -355,17 +389,6 @@ impl KubeClient {
         ns: &str,
         label_selector: Option<&str>,
     ) -> Result<Vec<Value>, ClientError> {
-        Ok(self.list_versioned(kind, ns, label_selector).await?.0)
-    }
-
-    /// LIST as [`list`](Self::list), with the list's `resourceVersion`: a
-    /// watch started from it sees every change after the list.
-    pub async fn list_versioned(
-        &self,
-        kind: Kind,
-        ns: &str,
-        label_selector: Option<&str>,
-    ) -> Result<(Vec<Value>, String), ClientError> {
         let path = kind.collection_path(ns);
         let query: Vec<(&str, &str)> = label_selector
             .map(|s| ("labelSelector", s))
@@ -375,89 +398,11 @@ impl KubeClient {
         let list = self
             .send(Method::GET, &path, &query, None, Expect::List)
             .await?;
-        let version = list["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let items = list_items(list).map_err(|message| ClientError::Decode {
+        list_items(list).map_err(|message| ClientError::Decode {
             method: "GET".into(),
             url,
             message,
-        })?;
-        Ok((items, version))
-    }
-
-    /// Start a WATCH of the objects of a namespace (optionally by label
-    /// selector) from `resource_version`, with bookmarks; the server ends
-    /// it after `timeout`. One attempt (after a 401 with a refreshable
-    /// credential, two): the caller re-lists or backs off, as it must
-    /// anyway when the stream ends or a `410 Gone` says its version is
-    /// too old.
-    pub async fn watch(
-        &self,
-        kind: Kind,
-        ns: &str,
-        label_selector: Option<&str>,
-        resource_version: &str,
-        timeout: Duration,
-    ) -> Result<WatchStream, ClientError> {
-        let path = kind.collection_path(ns);
-        let url = format!("{}{}", self.inner.server, path);
-        let secs = timeout.as_secs().max(1).to_string();
-        let mut query = vec![
-            ("watch", "1"),
-            ("allowWatchBookmarks", "true"),
-            ("resourceVersion", resource_version),
-            ("timeoutSeconds", secs.as_str()),
-        ];
-        if let Some(s) = label_selector {
-            query.push(("labelSelector", s));
-        }
-        let mut reauthenticated = false;
-        loop {
-            let req = self
-                .request(Method::GET, &url)
-                .await?
-                .query(&query)
-                // The client's timeout is one request's; a watch lasts as
-                // long as the server keeps it, and a little more.
-                .timeout(timeout + self.inner.timeout);
-            let resp = req.send().await.map_err(|e| match tls_failure(&e) {
-                Some(message) => ClientError::Tls {
-                    url: url.clone(),
-                    message,
-                },
-                None => ClientError::Transport {
-                    method: "GET".into(),
-                    url: url.clone(),
-                    message: error_chain(&e),
-                    timeout: e.is_timeout(),
-                },
-            })?;
-            let status = resp.status();
-            if status.is_success() {
-                return Ok(WatchStream {
-                    resp,
-                    buf: Vec::new(),
-                    url,
-                });
-            }
-            let text = resp.text().await.unwrap_or_default();
-            if status == StatusCode::UNAUTHORIZED
-                && !reauthenticated
-                && self.inner.creds.refreshable()
-            {
-                reauthenticated = true;
-                self.inner.creds.invalidate().await;
-                continue;
-            }
-            return Err(ClientError::Api(decode_status(
-                &Method::GET,
-                &url,
-                status,
-                &text,
-            )));
-        }
+        })
     }
 
     /// POST a new object.
@@ -519,46 +464,86 @@ impl KubeClient {
         .await
     }
 
-    fn http_for(&self, identity: Option<&ClientIdentity>) -> Result<reqwest::Client, ClientError> {
+    fn client_for(&self, identity: Option<&ClientIdentity>) -> Result<kube::Client, ClientError> {
         let Some(id) = identity else {
-            return Ok(self.inner.base_http.clone());
+            return Ok(self.inner.base.clone());
         };
-        let mut g = self
-            .inner
-            .exec_http
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some((cached_id, http)) = g.as_ref()
+        let mut g = self.inner.exec.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((cached_id, client)) = g.as_ref()
             && cached_id == id
         {
-            return Ok(http.clone());
+            return Ok(client.clone());
         }
-        let http = build_http(&self.inner.cluster, Some(id), self.inner.timeout)?;
-        *g = Some((id.clone(), http.clone()));
-        Ok(http)
+        let client = build_kube(&self.inner.cluster, Some(id), self.inner.timeout)?;
+        *g = Some((id.clone(), client.clone()));
+        Ok(client)
     }
 
-    /// A request with the current credential.
-    async fn request(
+    /// One request with the current credential, its answer read whole
+    /// within the timeout.
+    async fn exchange(
         &self,
-        method: Method,
-        url: &str,
-    ) -> Result<reqwest::RequestBuilder, ClientError> {
-        let auth = self.inner.creds.current().await?;
-        let http = self.http_for(auth.identity.as_ref())?;
-        let mut req = http.request(method, url).header(ACCEPT, "application/json");
+        method: &Method,
+        path_and_query: &str,
+        body: Option<&(&'static str, Vec<u8>)>,
+    ) -> Result<Answer, kube::Error> {
+        let auth = self
+            .inner
+            .creds
+            .current()
+            .await
+            .map_err(|e| kube::Error::Service(Box::new(e)))?;
+        let client = self
+            .client_for(auth.identity.as_ref())
+            .map_err(|e| kube::Error::Service(Box::new(e)))?;
+        let mut req = http::Request::builder()
+            .method(method.clone())
+            .uri(path_and_query)
+            .header(ACCEPT, "application/json");
         if let Some(token) = &auth.token {
             let mut v =
                 HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
-                    ClientError::Credentials(CredentialError::TokenFile {
+                    kube::Error::Service(Box::new(CredentialError::TokenFile {
                         path: "<token>".into(),
                         message: "the token contains characters not allowed in a header".into(),
-                    })
+                    }))
                 })?;
             v.set_sensitive(true);
             req = req.header(AUTHORIZATION, v);
         }
-        Ok(req)
+        let bytes = match body {
+            Some((ct, b)) => {
+                req = req.header(CONTENT_TYPE, *ct);
+                b.clone()
+            }
+            None => Vec::new(),
+        };
+        let req = req
+            .body(kube::client::Body::from(bytes))
+            .map_err(kube::Error::HttpError)?;
+        let answer = async {
+            let resp = client.send(req).await?;
+            let status = resp.status();
+            if let Some(w) = resp.headers().get("warning") {
+                tracing::debug!(path = %path_and_query, warning = ?w, "API server warning");
+            }
+            let retry_after = resp
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            let body = resp.into_body().collect().await?.to_bytes();
+            Ok(Answer {
+                status,
+                retry_after,
+                body,
+            })
+        };
+        match tokio::time::timeout(self.inner.timeout, answer).await {
+            Ok(r) => r,
+            Err(_) => Err(kube::Error::Service(Box::new(TimedOut(self.inner.timeout)))),
+        }
     }
 
     async fn send(
@@ -570,6 +555,13 @@ impl KubeClient {
         expect: Expect<'_>,
     ) -> Result<Value, ClientError> {
         let url = format!("{}{}", self.inner.server, path);
+        let path_and_query = if query.is_empty() {
+            path.to_string()
+        } else {
+            let mut q = form_urlencoded_pairs(query);
+            q.insert(0, '?');
+            format!("{path}{q}")
+        };
         let retry = self.inner.retry;
         let deadline = Instant::now() + retry.budget;
         let mut backoff = retry.initial_backoff;
@@ -577,91 +569,80 @@ impl KubeClient {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let mut req = self.request(method.clone(), &url).await?;
-            if !query.is_empty() {
-                req = req.query(query);
-            }
-            if let Some((ct, bytes)) = &body {
-                req = req.header(CONTENT_TYPE, *ct).body(bytes.clone());
-            }
-
-            let (err, retry_after) = match req.send().await {
-                Ok(resp) => {
-                    let status = resp.status();
-                    if status.is_success() {
-                        let bytes = resp.bytes().await.map_err(|e| ClientError::Transport {
-                            method: method.to_string(),
-                            url: url.clone(),
-                            message: format!("reading the response: {e}"),
-                            timeout: e.is_timeout(),
-                        })?;
-                        let decoded = if bytes.is_empty() {
-                            Ok(Value::Null)
-                        } else {
-                            serde_json::from_slice(&bytes).map_err(|e| e.to_string())
-                        };
-                        match decoded.and_then(|v| expect.check(v)) {
-                            Ok(v) => return Ok(v),
-                            // A truncated transfer or a proxy's error page:
-                            // worth another try. A write that did land is
-                            // then refused by its resourceVersion
-                            // precondition, and the caller re-reads.
-                            Err(message) => (
-                                ClientError::Decode {
-                                    method: method.to_string(),
-                                    url: url.clone(),
-                                    message,
-                                },
-                                None,
-                            ),
-                        }
+            let (err, retry_after) = match self
+                .exchange(&method, &path_and_query, body.as_ref())
+                .await
+            {
+                Ok(a) if a.status.is_success() => {
+                    let decoded = if a.body.is_empty() {
+                        Ok(Value::Null)
                     } else {
-                        if let Some(w) = resp.headers().get("warning") {
-                            tracing::debug!(url = %url, warning = ?w, "API server warning");
-                        }
-                        let retry_after = resp
-                            .headers()
-                            .get(RETRY_AFTER)
-                            .and_then(|v| v.to_str().ok())
-                            .and_then(|v| v.trim().parse::<u64>().ok())
-                            .map(Duration::from_secs);
-                        let text = resp.text().await.unwrap_or_default();
-                        let err = ClientError::Api(decode_status(&method, &url, status, &text));
-                        if status == StatusCode::UNAUTHORIZED
-                            && !reauthenticated
-                            && self.inner.creds.refreshable()
-                        {
-                            // An expired token or exec credential: fetch a new one, once.
-                            reauthenticated = true;
-                            self.inner.creds.invalidate().await;
-                            tracing::info!(url = %url, "401 from the API server; refreshing the credential");
-                            continue;
-                        }
-                        let retryable = matches!(status.as_u16(), 429 | 500 | 502 | 503 | 504)
-                            || (retry_after.is_some() && status.is_server_error());
-                        if !retryable {
-                            return Err(err);
-                        }
-                        (err, retry_after)
+                        serde_json::from_slice(&a.body).map_err(|e| e.to_string())
+                    };
+                    match decoded.and_then(|v| expect.check(v)) {
+                        Ok(v) => return Ok(v),
+                        // A truncated transfer or a proxy's error page:
+                        // worth another try. A write that did land is
+                        // then refused by its resourceVersion
+                        // precondition, and the caller re-reads.
+                        Err(message) => (
+                            ClientError::Decode {
+                                method: method.to_string(),
+                                url: url.clone(),
+                                message,
+                            },
+                            None,
+                        ),
                     }
                 }
+                Ok(a) => {
+                    let text = String::from_utf8_lossy(&a.body);
+                    let err = ClientError::Api(decode_status(&method, &url, a.status, &text));
+                    if a.status == StatusCode::UNAUTHORIZED
+                        && !reauthenticated
+                        && self.inner.creds.refreshable()
+                    {
+                        // An expired token or exec credential: fetch a new one, once.
+                        reauthenticated = true;
+                        self.inner.creds.invalidate().await;
+                        tracing::info!(url = %url, "401 from the API server; refreshing the credential");
+                        continue;
+                    }
+                    let retryable = matches!(a.status.as_u16(), 429 | 500 | 502 | 503 | 504)
+                        || (a.retry_after.is_some() && a.status.is_server_error());
+                    if !retryable {
+                        return Err(err);
+                    }
+                    (err, a.retry_after)
+                }
                 Err(e) => {
+                    // No request was sent: no credential, or no client
+                    // for the exec plugin's certificate.
+                    if let Some(c) = credential_failure(&e) {
+                        return Err(ClientError::Credentials(c));
+                    }
+                    if let Some(c) = chain(&e)
+                        .into_iter()
+                        .find_map(|c| c.downcast_ref::<ClientError>().cloned())
+                    {
+                        return Err(c);
+                    }
                     if let Some(msg) = tls_failure(&e) {
                         return Err(ClientError::Tls {
                             url: url.clone(),
                             message: msg,
                         });
                     }
-                    let err = ClientError::Transport {
-                        method: method.to_string(),
-                        url: url.clone(),
-                        message: error_chain(&e),
-                        timeout: e.is_timeout(),
-                    };
-                    if !(e.is_timeout() || e.is_connect() || e.is_request() || e.is_body()) {
-                        return Err(err);
-                    }
-                    (err, None)
+                    let timeout = timed_out(&e);
+                    (
+                        ClientError::Transport {
+                            method: method.to_string(),
+                            url: url.clone(),
+                            message: error_chain(&e),
+                            timeout,
+                        },
+                        None,
+                    )
                 }
             };
 
@@ -681,6 +662,38 @@ impl KubeClient {
     }
 }
 
+/// A request that took longer than the client's timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("no complete answer within {0:?}")]
+struct TimedOut(Duration);
+
+/// `k=v&k=v`, percent-encoded as a query string.
+fn form_urlencoded_pairs(query: &[(&str, &str)]) -> String {
+    let mut out = String::new();
+    for (i, (k, v)) in query.iter().enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        out.push_str(&encode_component(k));
+        out.push('=');
+        out.push_str(&encode_component(v));
+    }
+    out
+}
+
+/// Percent-encode everything but the unreserved characters (RFC 3986).
+fn encode_component(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// Between half and all of `d`, so that daemons retrying together spread out.
 fn jitter(d: Duration) -> Duration {
     let f: f64 = rand::random_range(0.5..=1.0);
@@ -693,131 +706,6 @@ struct StatusBody {
     kind: Option<String>,
     reason: Option<String>,
     message: Option<String>,
-}
-
-/// One event of a watch.
-#[derive(Debug, Clone, PartialEq)]
-pub enum WatchEvent {
-    /// An object appeared (or now matches the selector).
-    Added(Value),
-    /// An object changed.
-    Modified(Value),
-    /// An object was deleted (or no longer matches the selector).
-    Deleted(Value),
-    /// Nothing changed up to this resourceVersion (a bookmark).
-    Bookmark(String),
-    /// The server ended the watch with a Status: `410` (`Expired`, `Gone`)
-    /// means the version is too old and the caller must list again.
-    Error(ApiError),
-}
-
-impl WatchEvent {
-    /// The resourceVersion to resume from after this event, if it has one.
-    pub fn resource_version(&self) -> Option<&str> {
-        match self {
-            WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
-                o["metadata"]["resourceVersion"].as_str()
-            }
-            WatchEvent::Bookmark(v) => Some(v),
-            WatchEvent::Error(_) => None,
-        }
-    }
-}
-
-/// A running watch: newline-separated JSON events.
-#[derive(Debug)]
-pub struct WatchStream {
-    resp: reqwest::Response,
-    buf: Vec<u8>,
-    url: String,
-}
-
-impl WatchStream {
-    /// The next event; `None` when the server ended the watch.
-    pub async fn next(&mut self) -> Result<Option<WatchEvent>, ClientError> {
-        loop {
-            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=i).collect();
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                return decode_watch_event(&self.url, &line).map(Some);
-            }
-            match self.resp.chunk().await {
-                Ok(Some(chunk)) => {
-                    if self.buf.len() + chunk.len() > MAX_WATCH_EVENT {
-                        return Err(self.decode_error(format!(
-                            "a watch event is longer than {MAX_WATCH_EVENT} bytes"
-                        )));
-                    }
-                    self.buf.extend_from_slice(&chunk);
-                }
-                Ok(None) if self.buf.iter().all(u8::is_ascii_whitespace) => return Ok(None),
-                Ok(None) => {
-                    let line = std::mem::take(&mut self.buf);
-                    return decode_watch_event(&self.url, &line).map(Some);
-                }
-                Err(e) => {
-                    return Err(ClientError::Transport {
-                        method: "GET".into(),
-                        url: self.url.clone(),
-                        message: format!("reading the watch: {}", error_chain(&e)),
-                        timeout: e.is_timeout(),
-                    });
-                }
-            }
-        }
-    }
-
-    fn decode_error(&self, message: String) -> ClientError {
-        ClientError::Decode {
-            method: "GET".into(),
-            url: self.url.clone(),
-            message,
-        }
-    }
-}
-
-/// The longest watch event picket accepts (a pod is a few KiB; the API
-/// server's own limit on an object is about 1.5 MiB).
-const MAX_WATCH_EVENT: usize = 4 << 20;
-
-/// Decode one line of a watch. Public for the fuzz target `kube_json`.
-pub fn decode_watch_event(url: &str, line: &[u8]) -> Result<WatchEvent, ClientError> {
-    let bad = |message: String| ClientError::Decode {
-        method: "GET".into(),
-        url: url.to_string(),
-        message,
-    };
-    let mut v: Value =
-        serde_json::from_slice(line).map_err(|e| bad(format!("a watch event: {e}")))?;
-    let object = v.get_mut("object").map(Value::take).unwrap_or(Value::Null);
-    if !object.is_object() {
-        return Err(bad("a watch event without an object".into()));
-    }
-    match v["type"].as_str() {
-        Some("ADDED") => Ok(WatchEvent::Added(object)),
-        Some("MODIFIED") => Ok(WatchEvent::Modified(object)),
-        Some("DELETED") => Ok(WatchEvent::Deleted(object)),
-        Some("BOOKMARK") => match object["metadata"]["resourceVersion"].as_str() {
-            Some(rv) => Ok(WatchEvent::Bookmark(rv.to_string())),
-            None => Err(bad("a bookmark without a resourceVersion".into())),
-        },
-        Some("ERROR") => {
-            let code = object["code"]
-                .as_u64()
-                .and_then(|c| u16::try_from(c).ok())
-                .unwrap_or(500);
-            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            Ok(WatchEvent::Error(decode_status(
-                &Method::GET,
-                url,
-                status,
-                &object.to_string(),
-            )))
-        }
-        other => Err(bad(format!("a watch event of type {other:?}"))),
-    }
 }
 
 /// The `items` of a LIST answer: none when absent or null, an error when
@@ -932,165 +820,149 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
-/// The rustls error behind a failed request, if that is what failed. The
-/// connector nests it in `io::Error`s, whose `source()` skips the wrapped
-/// error itself, so those are unwrapped by hand.
-fn tls_failure(e: &reqwest::Error) -> Option<String> {
+/// The sources of `e`, each once: a [`std::io::Error`]'s wrapped error
+/// (its `source()` skips it) included.
+fn chain<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Vec<&'a (dyn std::error::Error + 'static)> {
+    let mut out = Vec::new();
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cur {
+        out.push(c);
         let mut inner: &(dyn std::error::Error + 'static) = c;
-        loop {
-            if let Some(t) = inner.downcast_ref::<rustls::Error>() {
-                return Some(t.to_string());
-            }
-            match inner
-                .downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-            {
-                Some(next) => inner = next,
-                None => break,
-            }
+        while let Some(next) = inner
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            let next: &(dyn std::error::Error + 'static) = next;
+            out.push(next);
+            inner = next;
         }
         cur = c.source();
     }
-    None
+    out
 }
 
-fn build_http(
+/// The rustls error behind a failed request, if that is what failed.
+fn tls_failure(e: &kube::Error) -> Option<String> {
+    chain(e)
+        .into_iter()
+        .find_map(|c| c.downcast_ref::<rustls::Error>().map(ToString::to_string))
+}
+
+/// A credential that could not be had (token file, exec plugin).
+fn credential_failure(e: &kube::Error) -> Option<CredentialError> {
+    chain(e)
+        .into_iter()
+        .find_map(|c| c.downcast_ref::<CredentialError>().cloned())
+}
+
+/// Whether the request ran out of time (ours, or the connector's).
+fn timed_out(e: &kube::Error) -> bool {
+    chain(e).into_iter().any(|c| {
+        c.is::<TimedOut>()
+            || c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+    })
+}
+
+/// The kube-rs client for `cluster` with `identity` as client
+/// certificate; picket adds the bearer token to each request itself.
+fn build_kube(
     cluster: &ClusterConfig,
     identity: Option<&ClientIdentity>,
     timeout: Duration,
-) -> Result<reqwest::Client, ClientError> {
+) -> Result<kube::Client, ClientError> {
+    build(cluster, identity, timeout, None, None)
+}
+
+/// [`build_kube`] with a read timeout and a bearer token of its own.
+fn build(
+    cluster: &ClusterConfig,
+    identity: Option<&ClientIdentity>,
+    timeout: Duration,
+    read_timeout: Option<Duration>,
+    token: Option<&str>,
+) -> Result<kube::Client, ClientError> {
     crate::tls::install_crypto_provider();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ClientError::TlsSetup(e.to_string()))?;
-
-    let verifier: Arc<dyn ServerCertVerifier> = if cluster.insecure_skip_tls_verify {
-        Arc::new(AcceptAnyServerCert { provider })
-    } else {
-        let mut roots = rustls::RootCertStore::empty();
-        if let Some(pem) = &cluster.ca_pem {
-            for cert in CertificateDer::pem_slice_iter(pem) {
-                let cert = cert.map_err(|e| {
-                    ClientError::TlsSetup(format!("certificate authority: bad PEM: {e}"))
-                })?;
-                roots.add(cert).map_err(|e| {
-                    ClientError::TlsSetup(format!("certificate authority: unusable: {e}"))
-                })?;
-            }
-            if roots.is_empty() {
-                return Err(ClientError::TlsSetup(
-                    "certificate authority: no CERTIFICATE found in the PEM data".into(),
-                ));
-            }
-        }
-        let webpki =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| ClientError::TlsSetup(format!("certificate authority: {e}")))?;
-        match &cluster.tls_server_name {
-            None => webpki,
-            Some(name) => {
-                let name = ServerName::try_from(name.clone())
-                    .map_err(|e| ClientError::TlsSetup(format!("tls-server-name {name:?}: {e}")))?;
-                crate::tls::NameVerifier::new(webpki, crate::tls::NameCheck::As(name))
-            }
-        }
-    };
-    let builder = builder
-        .dangerous()
-        .with_custom_certificate_verifier(verifier);
-    let mut tls = match identity {
-        None => builder.with_no_client_auth(),
-        Some(id) => {
-            let pem = id.combined_pem();
-            let certs = CertificateDer::pem_slice_iter(&pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ClientError::TlsSetup(format!("client certificate: bad PEM: {e}")))?;
-            if certs.is_empty() {
-                return Err(ClientError::TlsSetup(
-                    "client certificate: no CERTIFICATE found in the PEM data".into(),
-                ));
-            }
-            let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
-                ClientError::TlsSetup(format!("client key: no usable private key: {e}"))
+    let invalid = || ClientError::InvalidServer(cluster.server.clone());
+    let uri: http::Uri = cluster.server.parse().map_err(|_| invalid())?;
+    if !matches!(uri.scheme_str(), Some("https" | "http"))
+        || uri.host().is_none_or(str::is_empty)
+        || uri.query().is_some()
+    {
+        return Err(invalid());
+    }
+    let mut config = kube::Config::new(uri);
+    if let Some(ns) = &cluster.namespace {
+        config.default_namespace = ns.clone();
+    }
+    if !cluster.insecure_skip_tls_verify
+        && let Some(pem) = &cluster.ca_pem
+    {
+        let mut roots = Vec::new();
+        for cert in CertificateDer::pem_slice_iter(pem) {
+            let cert = cert.map_err(|e| {
+                ClientError::TlsSetup(format!("certificate authority: bad PEM: {e}"))
             })?;
-            builder
-                .with_client_auth_cert(certs, key)
-                .map_err(|e| ClientError::TlsSetup(format!("client certificate: {e}")))?
+            roots.push(cert.to_vec());
         }
+        if roots.is_empty() {
+            return Err(ClientError::TlsSetup(
+                "certificate authority: no CERTIFICATE found in the PEM data".into(),
+            ));
+        }
+        config.root_cert = Some(roots);
+    }
+    config.accept_invalid_certs = cluster.insecure_skip_tls_verify;
+    config.tls_server_name = cluster.tls_server_name.clone();
+    // Each call is bounded as a whole (the answer read within `timeout`);
+    // a watch lasts as long as the server keeps it.
+    config.connect_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
+    config.read_timeout = read_timeout;
+    config.auth_info.token = token.map(|t| t.to_string().into());
+    // Only the kubeconfig's proxy-url: an HTTPS_PROXY meant for other
+    // traffic must not capture the API server.
+    config.proxy_url = match &cluster.proxy_url {
+        Some(p) => Some(
+            p.parse()
+                .map_err(|_| ClientError::TlsSetup(format!("proxy-url {p:?} is not a URL")))?,
+        ),
+        None => None,
     };
-    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        // Names picket in the API server's audit log and in its metrics
-        // (apiserver_request_total by client), as the webhook does.
-        .user_agent(concat!("picket/", env!("CARGO_PKG_VERSION")))
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        // The API server is reached directly; an HTTPS_PROXY meant for
-        // other traffic must not capture it (kubeconfig proxy-url is refused).
-        .no_proxy()
-        .build()
-        .map_err(|e| ClientError::TlsSetup(error_chain(&e)))
-}
-
-/// kubeconfig `insecure-skip-tls-verify`: any certificate is accepted, but
-/// the handshake signatures are still checked (the peer must hold the key of
-/// the certificate it shows).
-#[derive(Debug)]
-struct AcceptAnyServerCert {
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for AcceptAnyServerCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
+    // Names picket in the API server's audit log and in its metrics
+    // (apiserver_request_total by client), as the webhook does.
+    config.headers = vec![(
+        USER_AGENT,
+        HeaderValue::from_static(concat!("picket/", env!("CARGO_PKG_VERSION"))),
+    )];
+    if let Some(id) = identity {
+        let certs = CertificateDer::pem_slice_iter(&id.cert_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ClientError::TlsSetup(format!("client certificate: bad PEM: {e}")))?;
+        if certs.is_empty() {
+            return Err(ClientError::TlsSetup(
+                "client certificate: no CERTIFICATE found in the PEM data".into(),
+            ));
+        }
+        rustls::pki_types::PrivateKeyDer::from_pem_slice(&id.key_pem).map_err(|e| {
+            ClientError::TlsSetup(format!("client key: no usable private key: {e}"))
+        })?;
+        config.auth_info.client_certificate_data = Some(B64.encode(&id.cert_pem));
+        config.auth_info.client_key_data = Some(B64.encode(&id.key_pem).into());
     }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+    // kube-rs's client spawns its connection pool's task: outside a Tokio
+    // runtime it would panic.
+    if tokio::runtime::Handle::try_current().is_err() {
+        return Err(ClientError::TlsSetup(
+            "the Kubernetes client must be built inside the Tokio runtime".into(),
+        ));
     }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
+    let client = kube::Client::try_from(config).map_err(|e| {
+        ClientError::TlsSetup(format!("client certificate or CA: {}", error_chain(&e)))
+    })?;
+    Ok(client)
 }
 
 #[cfg(test)]
@@ -1165,8 +1037,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn bad_server_urls_and_tls_material_are_refused_up_front() {
+    #[tokio::test]
+    async fn bad_server_urls_and_tls_material_are_refused_up_front() {
         use super::super::kubeconfig::AuthConfig;
         let base = ClusterConfig {
             server: "https://127.0.0.1:6443".into(),
@@ -1176,6 +1048,7 @@ mod tests {
             client_identity: None,
             auth: AuthConfig::None,
             namespace: None,
+            proxy_url: None,
         };
         let t = Duration::from_secs(1);
         assert!(KubeClient::new(base.clone(), t).is_ok());

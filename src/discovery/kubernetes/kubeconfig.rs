@@ -135,6 +135,9 @@ pub struct ClusterConfig {
     pub auth: AuthConfig,
     /// The context's (or the service account's) namespace, if any.
     pub namespace: Option<String>,
+    /// The kubeconfig cluster's `proxy-url` (an `http://` HTTP CONNECT
+    /// proxy); the environment's `HTTPS_PROXY` is not used.
+    pub proxy_url: Option<String>,
 }
 
 /// Why no usable cluster configuration could be built.
@@ -420,10 +423,16 @@ impl ClusterConfig {
                 place: cplace.clone(),
                 field: "server",
             })?;
-        if c.proxy_url.is_some() {
+        // An HTTP CONNECT proxy (kube-rs `http-proxy`); socks5 and the
+        // rest are refused here, with the place, rather than at the first
+        // request.
+        let proxy_url = c.proxy_url.clone().filter(|p| !p.trim().is_empty());
+        if let Some(p) = &proxy_url
+            && !p.starts_with("http://")
+        {
             return Err(KubeconfigError::Unsupported {
                 place: cplace,
-                what: "proxy-url (picket connects to the API server directly)".into(),
+                what: format!("proxy-url {p:?} (only an http:// proxy, HTTP CONNECT)"),
             });
         }
         let ca_pem = data_or_file(
@@ -511,6 +520,7 @@ impl ClusterConfig {
             client_identity,
             auth,
             namespace: ctx.context.namespace.clone().filter(|s| !s.is_empty()),
+            proxy_url,
         })
     }
 
@@ -566,6 +576,7 @@ impl ClusterConfig {
             client_identity: None,
             auth: AuthConfig::TokenFile(token_path),
             namespace,
+            proxy_url: None,
         })
     }
 

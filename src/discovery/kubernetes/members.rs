@@ -1,7 +1,8 @@
 //! A group's members from Kubernetes: the pods a label selector matches,
-//! kept current with a LIST and a WATCH from its resourceVersion
-//! (bookmarks keep the version fresh; a `410 Gone` or an error starts
-//! over from a new LIST after a backoff), as client-go's reflector does.
+//! kept current by kube-runtime's watcher (a LIST, then WATCHes from its
+//! resourceVersion with bookmarks; a `410 Gone` lists again), as
+//! client-go's reflector does. Errors are reported with the pods as last
+//! seen, and the watcher is polled again after a jittered backoff.
 //!
 //! The watcher only reports what the pods are; the group's task decides
 //! what to do with a new member, a gone one or a master whose pod is being
@@ -11,11 +12,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::watcher;
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{ClientError, Kind, KubeClient, WatchEvent};
+use super::client::KubeClient;
 use super::kubeconfig::ClusterConfig;
 use crate::addr::Addr;
 use crate::config::{MembersConfig, PortRef};
@@ -116,119 +121,75 @@ impl PodWatch {
     }
 
     async fn watch_loop(&self, tx: &watch::Sender<Option<Arc<Members>>>) {
+        let mut pods: BTreeMap<String, Value> = BTreeMap::new();
         let mut backoff = BACKOFF_FIRST;
+        let secs = u32::try_from(self.watch_timeout.as_secs().max(1)).unwrap_or(u32::MAX);
         loop {
-            let mut pods: BTreeMap<String, Value>;
-            let version = match self
-                .client
-                .list_versioned(Kind::Pod, &self.namespace, Some(&self.selector))
-                .await
-            {
-                Ok((items, version)) => {
-                    pods = items
-                        .into_iter()
-                        .filter_map(|p| Some((p["metadata"]["name"].as_str()?.to_string(), p)))
-                        .collect();
-                    self.report(tx, &pods);
-                    version
-                }
+            // A client with the credential of now (a new one after a 401:
+            // a rotated token file, an exec plugin run again).
+            let client = match self.client.watch_client(self.watch_timeout).await {
+                Ok(c) => c,
                 Err(e) => {
-                    tracing::warn!(group = %self.group, error = %e, "listing the group's pods failed; retrying");
+                    tracing::warn!(group = %self.group, error = %e, "no credential for the pod watch; retrying");
                     report_error(tx, Some(e.to_string()));
                     backoff = pause(backoff).await;
                     continue;
                 }
             };
-            // The backoff is not reset by a list that works: a watch that
-            // is refused for good (a Role without `watch`) would otherwise
-            // list and watch again five times a second.
-            match self.follow(tx, &mut pods, version).await {
-                Ended::Gone => {
-                    backoff = BACKOFF_FIRST;
-                    tracing::info!(group = %self.group, "the pod watch's version is too old (410 Gone): listing again");
-                }
-                Ended::Failed(e) => {
-                    tracing::warn!(group = %self.group, error = %e, "the pod watch failed; listing again");
-                    report_error(tx, Some(e.to_string()));
-                    backoff = pause(backoff).await;
-                }
-            }
-        }
-    }
-
-    /// Watch from `version` until the version is too old (`410 Gone`) or
-    /// the server refuses the watch for good; a watch that ends (in time,
-    /// or cut off) is started again from the last version seen (an
-    /// event's or a bookmark's), after a backoff when it failed.
-    async fn follow(
-        &self,
-        tx: &watch::Sender<Option<Arc<Members>>>,
-        pods: &mut BTreeMap<String, Value>,
-        mut version: String,
-    ) -> Ended {
-        let mut backoff = BACKOFF_FIRST;
-        loop {
-            match self.watch_once(tx, pods, &mut version).await {
-                Ok(()) => backoff = BACKOFF_FIRST,
-                Err(Ended::Gone) => return Ended::Gone,
-                Err(Ended::Failed(e)) if !e.is_transient() => return Ended::Failed(e),
-                Err(Ended::Failed(e)) => {
-                    tracing::debug!(group = %self.group, error = %e, "the pod watch was cut off; watching again");
-                    report_error(tx, Some(e.to_string()));
-                    backoff = pause(backoff).await;
-                }
-            }
-        }
-    }
-
-    /// One WATCH request, followed to its end.
-    async fn watch_once(
-        &self,
-        tx: &watch::Sender<Option<Arc<Members>>>,
-        pods: &mut BTreeMap<String, Value>,
-        version: &mut String,
-    ) -> Result<(), Ended> {
-        {
-            let mut stream = match self
-                .client
-                .watch(
-                    Kind::Pod,
-                    &self.namespace,
-                    Some(&self.selector),
-                    version,
-                    self.watch_timeout,
-                )
-                .await
-            {
-                Ok(s) => s,
-                Err(e) if e.code() == Some(410) => return Err(Ended::Gone),
-                Err(e) => return Err(Ended::Failed(e)),
-            };
-            loop {
-                let ev = match stream.next().await {
-                    Ok(Some(ev)) => ev,
-                    Ok(None) => return Ok(()),
-                    Err(e) => return Err(Ended::Failed(e)),
-                };
-                if let Some(v) = ev.resource_version() {
-                    *version = v.to_string();
-                }
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client, &self.namespace, &ApiResource::erase::<Pod>(&()));
+            let config = watcher::Config::default()
+                .labels(&self.selector)
+                .timeout(secs);
+            let mut stream = watcher(api, config).boxed();
+            // The pods of a LIST under way (the watcher's Init .. InitDone).
+            let mut listing: Option<BTreeMap<String, Value>> = None;
+            while let Some(ev) = stream.next().await {
                 match ev {
-                    WatchEvent::Added(p) | WatchEvent::Modified(p) => {
-                        if let Some(name) = p["metadata"]["name"].as_str() {
-                            pods.insert(name.to_string(), p);
-                            self.report(tx, pods);
+                    Ok(ev) => {
+                        backoff = BACKOFF_FIRST;
+                        match ev {
+                            watcher::Event::Init => listing = Some(BTreeMap::new()),
+                            watcher::Event::InitApply(o) => {
+                                if let (Some(l), Some((name, p))) = (listing.as_mut(), named(o)) {
+                                    l.insert(name, p);
+                                }
+                            }
+                            watcher::Event::InitDone => {
+                                if let Some(l) = listing.take() {
+                                    pods = l;
+                                }
+                                self.report(tx, &pods);
+                            }
+                            watcher::Event::Apply(o) => {
+                                if let Some((name, p)) = named(o) {
+                                    pods.insert(name, p);
+                                    self.report(tx, &pods);
+                                }
+                            }
+                            watcher::Event::Delete(o) => {
+                                if let Some((name, _)) = named(o) {
+                                    pods.remove(&name);
+                                    self.report(tx, &pods);
+                                }
+                            }
                         }
                     }
-                    WatchEvent::Deleted(p) => {
-                        if let Some(name) = p["metadata"]["name"].as_str() {
-                            pods.remove(name);
-                            self.report(tx, pods);
+                    Err(e) => {
+                        let (code, message) = describe(&e, self.client.server());
+                        if code == Some(401) && self.client.reauthenticate().await {
+                            tracing::info!(group = %self.group, "401 on the pod watch; refreshing the credential");
+                            break;
                         }
+                        if code == Some(410) {
+                            // The watcher lists again by itself.
+                            tracing::info!(group = %self.group, "the pod watch's version is too old (410 Gone): listing again");
+                            continue;
+                        }
+                        tracing::warn!(group = %self.group, error = %message, "the pod list or watch failed; retrying");
+                        report_error(tx, Some(message));
+                        backoff = pause(backoff).await;
                     }
-                    WatchEvent::Bookmark(_) => {}
-                    WatchEvent::Error(e) if e.code == 410 => return Err(Ended::Gone),
-                    WatchEvent::Error(e) => return Err(Ended::Failed(ClientError::Api(e))),
                 }
             }
         }
@@ -268,16 +229,47 @@ fn report_error(tx: &watch::Sender<Option<Arc<Members>>>, error: Option<String>)
     });
 }
 
-enum Ended {
-    Gone,
-    Failed(ClientError),
-}
-
 /// Sleep about `backoff` (jittered) and return the next one.
 async fn pause(backoff: Duration) -> Duration {
     let f: f64 = rand::random_range(0.5..=1.0);
     tokio::time::sleep(backoff.mul_f64(f)).await;
     (backoff * 2).min(BACKOFF_MAX)
+}
+
+/// A watched object's name and its JSON (as the API server sent it).
+fn named(o: DynamicObject) -> Option<(String, Value)> {
+    let name = o.metadata.name.clone()?;
+    serde_json::to_value(&o).ok().map(|v| (name, v))
+}
+
+/// The HTTP status of a failed list or watch, if it has one, and what to
+/// report: the API server's own words for an error answer.
+fn describe(e: &watcher::Error, server: &str) -> (Option<u16>, String) {
+    let api = |r: &kube::core::ErrorResponse, what: &str| {
+        let hint = match r.code {
+            401 => {
+                ": check the token (or client certificate / exec plugin) picket authenticates with"
+            }
+            403 => {
+                ": the identity picket uses lacks an RBAC permission (see the Role in docs/kubernetes.md)"
+            }
+            _ => "",
+        };
+        (
+            Some(r.code),
+            format!(
+                "{what} pods from {server}: {} {}{hint}: {}",
+                r.code, r.reason, r.message
+            ),
+        )
+    };
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(r)) => api(r, "LIST"),
+        watcher::Error::WatchStartFailed(kube::Error::Api(r))
+        | watcher::Error::WatchFailed(kube::Error::Api(r)) => api(r, "WATCH"),
+        watcher::Error::WatchError(r) => api(r, "WATCH"),
+        other => (None, format!("pods from {server}: {other}")),
+    }
 }
 
 /// The member a pod is: it needs an IP and the data port (by number, or

@@ -41,7 +41,16 @@ pub struct KubernetesBackend {
     required: bool,
     name: String,
     client: KubeClient,
+    /// pod-labels with `skip_service_gate`: the fence is not verified.
+    gate_skipped: bool,
 }
+
+/// What `/v1/status` and the log say of a pod-labels backend run with
+/// `skip_service_gate = true`.
+pub const GATE_SKIPPED_WARNING: &str = "skip_service_gate: the fence is confirmed as soon as \
+     the label PATCH is accepted, not once the Service stops routing to the old master; a \
+     failover can promote the new master while the Service still sends writes to the old one \
+     (name the Service with `service` to close this)";
 
 #[derive(Debug)]
 enum Mode {
@@ -93,6 +102,17 @@ impl KubernetesBackend {
                     &cfg.master_value,
                     &cfg.replica_value,
                 );
+                match (cfg.service.is_some(), cfg.skip_service_gate) {
+                    (false, false) => {
+                        return Err(bad(format!("`service` {}", crate::config::NO_SERVICE_GATE)));
+                    }
+                    (true, true) => {
+                        return Err(bad(
+                            "`skip_service_gate` contradicts `service`: keep one of them".into(),
+                        ));
+                    }
+                    _ => {}
+                }
                 if let Some(service) = cfg.service.as_deref().map(str::trim) {
                     if service.is_empty() {
                         return Err(bad("`service` must not be empty".into()));
@@ -110,6 +130,11 @@ impl KubernetesBackend {
                 (Mode::PodLabels(w), format!("pods {selector}"))
             }
             KubernetesMode::Endpointslice => {
+                if cfg.skip_service_gate {
+                    return Err(bad(
+                        "`skip_service_gate` only applies to pod-labels mode".into()
+                    ));
+                }
                 let service = cfg
                     .service
                     .as_deref()
@@ -129,8 +154,10 @@ impl KubernetesBackend {
                 (Mode::EndpointSlice(w), target)
             }
         };
+        let gate_skipped = cfg.mode == KubernetesMode::PodLabels && cfg.skip_service_gate;
         Ok(KubernetesBackend {
             name: format!("kubernetes:{}/{target}", cfg.namespace),
+            gate_skipped,
             mode,
             required: cfg.required,
             client,
@@ -172,6 +199,10 @@ impl Backend for KubernetesBackend {
                 Mode::EndpointSlice(w) => w.publish(topology).await,
             }
         })
+    }
+
+    fn warning(&self) -> Option<&'static str> {
+        self.gate_skipped.then_some(GATE_SKIPPED_WARNING)
     }
 
     fn service_gate(&self) -> Option<gate::GateStatus> {
