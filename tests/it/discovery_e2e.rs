@@ -1927,17 +1927,11 @@ fn newer_epoch_in_best_effort_backends_refuses_every_write() {
         "a completed failover with stale backends",
         FAILOVER_WAIT,
         |gs| {
-            let epoch = gs[0]["config_epoch"].as_u64().unwrap_or(0);
-            epoch > 0
-                && gs.iter().all(|g| {
-                    g["config_epoch"] == epoch
-                        && g["failover"].is_null()
-                        && g["discovery"].as_array().is_some_and(|bs| {
-                            bs.iter()
-                                .filter(|b| b["kind"] == "kubernetes" || b["kind"] == "file")
-                                .all(|b| b["last_result"] == "stale" && b["last_epoch"] == epoch)
-                        })
-                })
+            settled_epoch(gs, 0, |b, epoch| {
+                !(b["kind"] == "kubernetes" || b["kind"] == "file")
+                    || (b["last_result"] == "stale" && b["last_epoch"] == epoch)
+            })
+            .is_some()
         },
     );
     let epoch = gs[0]["config_epoch"].as_u64().unwrap();
@@ -1993,16 +1987,10 @@ fn a_daemon_resuming_with_an_older_epoch_does_not_overwrite_anything() {
         "a failover by the two running daemons",
         FAILOVER_WAIT,
         |gs| {
-            let epoch = gs[0]["config_epoch"].as_u64().unwrap_or(0);
-            epoch > 0
-                && gs.iter().all(|g| {
-                    g["config_epoch"] == epoch
-                        && g["failover"].is_null()
-                        && g["discovery"].as_array().is_some_and(|bs| {
-                            bs.iter()
-                                .all(|b| b["last_epoch"] == epoch && b["last_result"] == "ok")
-                        })
-                })
+            settled_epoch(gs, 0, |b, epoch| {
+                b["last_epoch"] == epoch && b["last_result"] == "ok"
+            })
+            .is_some()
         },
     );
     let epoch = gs[0]["config_epoch"].as_u64().unwrap();
@@ -2156,6 +2144,26 @@ fn newer_epoch_in_a_required_backend_stops_the_failover_before_promotion() {
         "the slice was written: {:#?}",
         writes_since(&env, 0)
     );
+}
+
+/// The config epoch every status in `gs` holds, when it is above `after`,
+/// no failover is running and every backend of every status passes
+/// `backend_ok` at that epoch.
+fn settled_epoch(
+    gs: &[Value],
+    after: u64,
+    backend_ok: impl Fn(&Value, u64) -> bool,
+) -> Option<u64> {
+    let epoch = gs.first()?["config_epoch"].as_u64()?;
+    let settled = epoch > after
+        && gs.iter().all(|g| {
+            g["config_epoch"] == epoch
+                && g["failover"].is_null()
+                && g["discovery"]
+                    .as_array()
+                    .is_some_and(|bs| bs.iter().all(|b| backend_ok(b, epoch)))
+        });
+    settled.then_some(epoch)
 }
 
 /// Runs one failover with a fault armed on the fake just before the kill,
@@ -2348,11 +2356,7 @@ fn api_down_with_best_effort_backends_converges_when_it_returns() {
         "a failover completed without Kubernetes",
         FAILOVER_WAIT,
         |gs| {
-            let epoch = gs[0]["config_epoch"].as_u64().unwrap_or(0);
-            epoch > 0
-                && gs
-                    .iter()
-                    .all(|g| g["config_epoch"] == epoch && g["failover"].is_null())
+            settled_epoch(gs, 0, |_, _| true).is_some()
                 && gs
                     .iter()
                     .any(|g| g["last_failover"]["outcome"] == "completed")

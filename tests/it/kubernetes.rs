@@ -146,15 +146,43 @@ fn pod_name(r: &LoggedRequest) -> &str {
 
 // ---- pod-labels ----
 
+/// A fake API server (with the three pods of [`seed_pods`] when `seed`),
+/// a token kubeconfig for it in a temporary directory, and a backend in
+/// `mode` through it.
+async fn fake_with_backend(
+    mode: KubernetesMode,
+    seed: bool,
+) -> (FakeKube, tempfile::TempDir, KubernetesBackend) {
+    let fake = FakeKube::start().await;
+    if seed {
+        seed_pods(&fake);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend_from(&token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN), mode);
+    (fake, dir, b)
+}
+
+/// `e` is a permanent error whose message holds every one of `parts`.
+#[track_caller]
+fn assert_permanent(e: &DiscoveryError, parts: &[&str]) {
+    assert!(
+        matches!(e, DiscoveryError::Permanent(m) if parts.iter().all(|p| m.contains(p))),
+        "expected a permanent error naming {parts:?}: {e:?}"
+    );
+}
+
+/// `e` is a transient error whose message holds every one of `parts`.
+#[track_caller]
+fn assert_transient(e: &DiscoveryError, parts: &[&str]) {
+    assert!(
+        matches!(e, DiscoveryError::Transient(m) if parts.iter().all(|p| m.contains(p))),
+        "expected a transient error naming {parts:?}: {e:?}"
+    );
+}
+
 #[tokio::test]
 async fn pod_labels_fence_then_publish_in_gated_order() {
-    let fake = FakeKube::start().await;
-    seed_pods(&fake);
-    let dir = tempfile::tempdir().unwrap();
-    let b = backend_from(
-        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
-        KubernetesMode::PodLabels,
-    );
+    let (fake, _dir, b) = fake_with_backend(KubernetesMode::PodLabels, true).await;
     assert_eq!(b.kind(), "kubernetes");
     assert!(b.required());
 
@@ -351,13 +379,7 @@ async fn pod_labels_stale_epoch_is_refused_without_writing() {
 
 #[tokio::test]
 async fn pod_labels_conflict_rereads_and_retries() {
-    let fake = FakeKube::start().await;
-    seed_pods(&fake);
-    let dir = tempfile::tempdir().unwrap();
-    let b = backend_from(
-        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
-        KubernetesMode::PodLabels,
-    );
+    let (fake, _dir, b) = fake_with_backend(KubernetesMode::PodLabels, true).await;
     fake.conflict_next_writes(2);
     b.fence(&fence(3, "10.0.0.1:6379")).await.unwrap();
     let reqs: Vec<(String, u16)> = fake
@@ -387,21 +409,12 @@ async fn pod_labels_conflict_rereads_and_retries() {
 
 #[tokio::test]
 async fn pod_labels_unknown_master_ip_is_a_clear_error() {
-    let fake = FakeKube::start().await;
-    seed_pods(&fake);
-    let dir = tempfile::tempdir().unwrap();
-    let b = backend_from(
-        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
-        KubernetesMode::PodLabels,
-    );
+    let (fake, _dir, b) = fake_with_backend(KubernetesMode::PodLabels, true).await;
     let e = b
         .publish(&topo(2, "10.9.9.9:6379", None))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("10.9.9.9")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["10.9.9.9"]);
     assert!(fake.writes().is_empty());
     // Fencing a pod that no longer exists is not an error.
     b.fence(&fence(2, "10.9.9.9:6379")).await.unwrap();
@@ -416,12 +429,7 @@ fn slice(fake: &FakeKube) -> Value {
 
 #[tokio::test]
 async fn endpointslice_create_update_fence() {
-    let fake = FakeKube::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let b = backend_from(
-        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
-        KubernetesMode::Endpointslice,
-    );
+    let (fake, _dir, b) = fake_with_backend(KubernetesMode::Endpointslice, false).await;
     assert!(b.name().contains("cache-picket"), "{}", b.name());
 
     b.publish(&topo(3, "10.0.0.1:6379", None)).await.unwrap();
@@ -500,12 +508,7 @@ async fn endpointslice_create_update_fence() {
 
 #[tokio::test]
 async fn endpointslice_fence_creates_an_empty_slice() {
-    let fake = FakeKube::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let b = backend_from(
-        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
-        KubernetesMode::Endpointslice,
-    );
+    let (fake, _dir, b) = fake_with_backend(KubernetesMode::Endpointslice, false).await;
     b.fence(&fence(2, "10.0.0.1:6379")).await.unwrap();
     let s = slice(&fake);
     assert_eq!(s["endpoints"], Value::Null);
@@ -514,12 +517,7 @@ async fn endpointslice_fence_creates_an_empty_slice() {
 
 #[tokio::test]
 async fn endpointslice_stale_epoch_is_refused_without_writing() {
-    let fake = FakeKube::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let b = backend_from(
-        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
-        KubernetesMode::Endpointslice,
-    );
+    let (fake, _dir, b) = fake_with_backend(KubernetesMode::Endpointslice, false).await;
     b.publish(&topo(3, "10.0.0.1:6379", None)).await.unwrap();
     fake.set_annotation(
         FakeKind::EndpointSlice,
@@ -554,12 +552,7 @@ async fn endpointslice_stale_epoch_is_refused_without_writing() {
 
 #[tokio::test]
 async fn endpointslice_conflict_rereads_and_retries() {
-    let fake = FakeKube::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let b = backend_from(
-        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
-        KubernetesMode::Endpointslice,
-    );
+    let (fake, _dir, b) = fake_with_backend(KubernetesMode::Endpointslice, false).await;
     b.publish(&topo(3, "10.0.0.1:6379", None)).await.unwrap();
     fake.clear_requests();
     fake.conflict_next_writes(1);
@@ -596,39 +589,25 @@ async fn endpointslice_wrong_address_type_is_permanent() {
         .publish(&topo(1, "10.0.0.1:6379", None))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("IPv6")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["IPv6"]);
     // A name is resolved at write time; one that does not resolve is a
     // transient error naming it (retried), and nothing is written.
     let e = b
         .publish(&topo(1, "cache-0.example.invalid:6379", None))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Transient(m) if m.contains("cache-0.example.invalid")),
-        "{e:?}"
-    );
+    assert_transient(&e, &["cache-0.example.invalid"]);
     // A name that resolves is checked like an address: localhost is loopback.
     let e = b
         .publish(&topo(1, "localhost:6379", None))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("127.0.0.1") && m.contains("loopback")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["127.0.0.1", "loopback"]);
 }
 
 #[tokio::test]
 async fn endpointslice_refuses_what_the_api_refuses_before_writing() {
-    let fake = FakeKube::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let b = backend_from(
-        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
-        KubernetesMode::Endpointslice,
-    );
+    let (fake, _dir, b) = fake_with_backend(KubernetesMode::Endpointslice, false).await;
     for (host, why) in [
         ("127.0.0.2", "loopback"),
         ("169.254.10.1", "link-local"),
@@ -751,12 +730,7 @@ async fn fake_refuses_special_addresses_with_the_real_status() {
 
 #[tokio::test]
 async fn server_error_storm_then_success() {
-    let fake = FakeKube::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let b = backend_from(
-        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
-        KubernetesMode::Endpointslice,
-    );
+    let (fake, _dir, b) = fake_with_backend(KubernetesMode::Endpointslice, false).await;
     fake.fail_next(4, 503);
     b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
     let st: Vec<u16> = fake.requests().iter().map(|r| r.status).collect();
@@ -792,10 +766,7 @@ async fn assert_gives_up_within_budget(
 ) {
     let started = std::time::Instant::now();
     let e = b.publish(&t).await.unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Transient(m) if m.contains(needle)),
-        "{e:?}"
-    );
+    assert_transient(&e, &[needle]);
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "the budget bounds the call"
@@ -815,12 +786,7 @@ async fn server_errors_beyond_the_budget_are_transient() {
 
 #[tokio::test]
 async fn retry_after_is_honoured() {
-    let fake = FakeKube::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let b = backend_from(
-        &token_kubeconfig(dir.path(), &fake, DEFAULT_TOKEN),
-        KubernetesMode::Endpointslice,
-    );
+    let (fake, _dir, b) = fake_with_backend(KubernetesMode::Endpointslice, false).await;
     fake.throttle_next(1, 1);
     b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
     let r = fake.requests();
@@ -969,10 +935,7 @@ async fn forbidden_is_a_clear_permanent_error() {
         .publish(&topo(1, "10.0.0.1:6379", None))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("403 Forbidden") && m.contains("RBAC")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["403 Forbidden", "RBAC"]);
 }
 
 // ---- the client API against the fake ----
@@ -1110,34 +1073,21 @@ async fn kubeconfig_backend_new_reads_the_file() {
     let mut c = cfg(&path, KubernetesMode::PodLabels);
     c.pod_selector = None;
     let e = KubernetesBackend::new(&c).unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("pod_selector")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["pod_selector"]);
     let mut c = cfg(&path, KubernetesMode::Endpointslice);
     c.service = None;
     let e = KubernetesBackend::new(&c).unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("service")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["service"]);
     // pod-labels without `service` is refused unless the gate is skipped
     // explicitly; skipping it is a warning, never silent.
     let mut c = cfg(&path, KubernetesMode::PodLabels);
     c.skip_service_gate = false;
     let e = KubernetesBackend::new(&c).unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m)
-            if m.contains("`service` is required") && m.contains("skip_service_gate = true")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["`service` is required", "skip_service_gate = true"]);
     c.service = Some("cache-master".into());
     c.skip_service_gate = true;
     let e = KubernetesBackend::new(&c).unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("contradicts")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["contradicts"]);
     c.skip_service_gate = false;
     let gated = KubernetesBackend::new(&c).unwrap();
     assert_eq!(gated.warning(), None);
@@ -1154,10 +1104,7 @@ async fn kubeconfig_backend_new_reads_the_file() {
     let mut c = cfg(&path, KubernetesMode::Endpointslice);
     c.skip_service_gate = true;
     let e = KubernetesBackend::new(&c).unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("only applies to pod-labels")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["only applies to pod-labels"]);
     assert_eq!(
         b.warning(),
         None,
@@ -1166,10 +1113,7 @@ async fn kubeconfig_backend_new_reads_the_file() {
     let mut c = cfg(&path, KubernetesMode::Endpointslice);
     c.kubeconfig = Some(dir.path().join("missing"));
     let e = KubernetesBackend::new(&c).unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("missing")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["missing"]);
 }
 
 #[tokio::test]
@@ -1209,10 +1153,7 @@ async fn kubeconfig_client_certificate_data_and_files() {
         .publish(&topo(3, "10.0.0.3:6379", None))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("401")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["401"]);
 }
 
 #[tokio::test]
@@ -1227,10 +1168,7 @@ async fn kubeconfig_wrong_ca_insecure_and_server_name() {
         .publish(&topo(1, "10.0.0.1:6379", None))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("TLS")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["TLS"]);
     assert!(fake.requests().is_empty());
 
     let path = kubeconfig_with(
@@ -1255,10 +1193,7 @@ async fn kubeconfig_wrong_ca_insecure_and_server_name() {
         .publish(&topo(2, "10.0.0.2:6379", None))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("TLS")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["TLS"]);
 
     // insecure-skip-tls-verify: no CA at all.
     let path = kubeconfig_with(
@@ -1394,10 +1329,7 @@ async fn exec_plugin_client_certificate_and_timeout() {
         .publish(&topo(1, "10.0.0.1:6379", None))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Transient(m) if m.contains("timed out")),
-        "{e:?}"
-    );
+    assert_transient(&e, &["timed out"]);
     assert!(started.elapsed() < Duration::from_secs(3));
 }
 
@@ -1574,11 +1506,7 @@ async fn pod_labels_gate_times_out_on_a_stuck_controller() {
     let t0 = std::time::Instant::now();
     let e = b.fence(&fence(2, "10.0.0.1:6379")).await.unwrap_err();
     let took = t0.elapsed();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m)
-            if m.contains("still lists the old master 10.0.0.1") && m.contains("400ms")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["still lists the old master 10.0.0.1", "400ms"]);
     assert!(took >= timeout && took < Duration::from_secs(3), "{took:?}");
     // The label was removed all the same: only the confirmation failed.
     assert_eq!(role(&fake, "cache-0"), None);
@@ -1589,10 +1517,7 @@ async fn pod_labels_gate_times_out_on_a_stuck_controller() {
         .publish(&topo(2, "10.0.0.2:6379", Some("10.0.0.1:6379")))
         .await
         .unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("lists no ready endpoint 10.0.0.2")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["lists no ready endpoint 10.0.0.2"]);
     assert_eq!(role(&fake, "cache-1").as_deref(), Some("master"));
     assert_eq!(
         b.service_gate().unwrap().publish.unwrap().result,
@@ -1906,8 +1831,5 @@ async fn kubeconfig_proxy_url_goes_through_an_http_connect_proxy() {
         &format!("    token: {DEFAULT_TOKEN}"),
     );
     let e = KubernetesBackend::new(&cfg(&path, KubernetesMode::PodLabels)).unwrap_err();
-    assert!(
-        matches!(&e, DiscoveryError::Permanent(m) if m.contains("proxy-url") && m.contains("socks5")),
-        "{e:?}"
-    );
+    assert_permanent(&e, &["proxy-url", "socks5"]);
 }
