@@ -108,7 +108,7 @@ pub async fn dispatch(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Rep
         "AUTH" | "HELLO" | "QUIT" => connection_command(api, conn, &cmd, &rest).await,
         "RESET" => {
             conn.subs.clear();
-            conn.sync_events(d);
+            conn.sync_events(api);
             conn.resp3 = false;
             conn.name = None;
             conn.user = api.users.initial();
@@ -130,18 +130,18 @@ pub async fn dispatch(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Rep
                 } else {
                     conn.subs.psubscribe(&rest)
                 };
-                conn.sync_events(d);
+                conn.sync_events(api);
                 r
             }
         }
         "UNSUBSCRIBE" => {
             let r = conn.subs.unsubscribe(&rest);
-            conn.sync_events(d);
+            conn.sync_events(api);
             r
         }
         "PUNSUBSCRIBE" => {
             let r = conn.subs.punsubscribe(&rest);
-            conn.sync_events(d);
+            conn.sync_events(api);
             r
         }
         "PICKET" => super::peer::picket(d, &rest).await,

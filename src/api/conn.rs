@@ -8,14 +8,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, broadcast};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::acl::{Identity, Users};
 use super::pubsub;
 use crate::daemon::Daemon;
-use crate::events::Event;
 
 /// Cap on one request: all of its arguments together (a client has no
 /// reason to send more).
@@ -171,6 +170,8 @@ pub struct Api {
     /// `max_clients` slots, shared by every listener of this API (the TLS
     /// one and the plaintext one of a migration).
     pub(crate) slots: Arc<Semaphore>,
+    /// The subscribers, by channel.
+    pub hub: Arc<super::hub::Hub>,
     next_id: AtomicU64,
 }
 
@@ -183,6 +184,7 @@ impl Api {
             .map(|_| char::from(b"0123456789abcdef"[rand::Rng::random_range(&mut rng, 0..16)]))
             .collect();
         Api {
+            hub: Arc::new(super::hub::Hub::new(&daemon.ctx.events)),
             daemon,
             stats: Stats::default(),
             clients: Mutex::new(BTreeMap::new()),
@@ -249,8 +251,9 @@ pub struct Conn {
     pub peer: String,
     /// Channels and patterns.
     pub subs: pubsub::Subscriptions,
-    /// The event bus, while subscribed to anything.
-    pub events: Option<broadcast::Receiver<Arc<Event>>>,
+    /// The events of its channels and patterns, while subscribed to
+    /// anything.
+    pub events: Option<Arc<super::hub::Mailbox>>,
     /// This connection in the registry.
     pub entry: Arc<ClientEntry>,
     /// The master address it asked for last.
@@ -258,14 +261,14 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Subscribe to the event bus on the first subscription and leave it on
-    /// the last unsubscription.
-    pub fn sync_events(&mut self, d: &Daemon) {
-        if self.subs.count() == 0 {
-            self.events = None;
-        } else if self.events.is_none() {
-            self.events = Some(d.ctx.events.subscribe());
-        }
+    /// Tell the hub what this connection is subscribed to now: it gets a
+    /// mailbox on its first subscription (owed the events from then on)
+    /// and loses it on its last unsubscription.
+    pub fn sync_events(&mut self, api: &Api) {
+        let since = api.daemon.ctx.events.next_seq();
+        self.events = api
+            .hub
+            .update(self.id, self.events.take(), &self.subs, since);
     }
 
     /// After a command that changed nothing of the connection: its name

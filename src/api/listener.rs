@@ -11,13 +11,13 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
 use tokio_util::sync::CancellationToken;
 
 use super::commands;
 use super::conn::{Api, ClientEntry, ClientState, Conn, SLOW_SUBSCRIBER_GRACE};
+use super::hub::Mailbox;
 use super::reply::Reply;
 use super::request::{RequestDecoder, RequestError};
 use crate::events::Event;
@@ -126,9 +126,16 @@ pub async fn serve(
     tls: Option<Shared<rustls::ServerConfig>>,
     cancel: CancellationToken,
 ) {
+    // The events are passed on to the subscribers on the listener's own
+    // thread (the first listener's, when there are two): their wake-ups
+    // stay on the thread that runs the subscribers.
+    let hub = tokio::spawn(api.hub.clone().run());
     loop {
         let accepted = tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => {
+                hub.abort();
+                return;
+            }
             a = listener.accept() => a,
         };
         let (mut sock, peer) = match accepted {
@@ -285,12 +292,11 @@ impl<R, W: AsyncWrite + Unpin> Io<R, W> {
     }
 }
 
-/// Receive the next event, or wait forever when not subscribed.
-async fn next_event(
-    rx: &mut Option<broadcast::Receiver<Arc<Event>>>,
-) -> Result<Arc<Event>, broadcast::error::RecvError> {
-    match rx {
-        Some(rx) => rx.recv().await,
+/// Receive the next event, or wait forever when not subscribed; `Err(n)`
+/// once `n` events were missed.
+async fn next_event(mailbox: &Option<Arc<Mailbox>>) -> Result<Arc<Event>, u64> {
+    match mailbox {
+        Some(mb) => mb.recv().await,
         None => std::future::pending().await,
     }
 }
@@ -360,14 +366,30 @@ where
         entry: entry.clone(),
         master: None,
     };
-    let end = run(&mut conn, api, &mut io).await;
-    api.unregister(entry.id);
+    let end = {
+        let _registered = Registered { api, id: entry.id };
+        run(&mut conn, api, &mut io).await
+    };
     if let End::Flush = end {
         let _ = tokio::time::timeout(FLUSH_GRACE, async {
             io.drain_to(0).await?;
             io.wr.shutdown().await
         })
         .await;
+    }
+}
+
+/// A connection in the registry (`CLIENT LIST`) and the hub until it ends,
+/// however its task ends (dropped with the runtime too).
+struct Registered<'a> {
+    api: &'a Api,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.api.unregister(self.id);
+        self.api.hub.remove(self.id);
     }
 }
 
@@ -380,7 +402,7 @@ fn slow_subscriber(conn: &Conn, why: &str) -> End {
 /// What one turn of the connection's loop saw.
 enum Turn {
     Killed,
-    Event(Result<Arc<Event>, broadcast::error::RecvError>),
+    Event(Result<Arc<Event>, u64>),
     Read(std::io::Result<usize>),
     Wrote(std::io::Result<usize>),
     Slow,
@@ -411,7 +433,7 @@ where
             _ = &mut killed => Turn::Killed,
             _ = held_deadline(&io.held) => Turn::Slow,
             n = io.wr.write(&io.output), if !io.output.is_empty() => Turn::Wrote(n),
-            ev = next_event(&mut conn.events), if io.held.is_none() => Turn::Event(ev),
+            ev = next_event(&conn.events), if io.held.is_none() => Turn::Event(ev),
             n = io.rd.read_buf(&mut io.input), if reading => Turn::Read(n),
         };
         match turn {
@@ -425,29 +447,27 @@ where
             }
             Turn::Wrote(_) => return End::Abort,
             Turn::Event(Ok(ev)) => {
-                // Every event already queued, at once (a failover emits a
-                // burst, and every subscriber gets every event): one
-                // wake-up and one write instead of one per event.
+                // Every event already waiting, at once (a failover emits
+                // a burst): one wake-up and one write instead of one per
+                // event.
                 let mut next = Some(ev);
                 while let Some(ev) = next.take() {
                     queue_messages(conn, io, &ev);
                     if io.held.is_some() {
                         break;
                     }
-                    next = match conn.events.as_mut().map(|rx| rx.try_recv()) {
-                        Some(Ok(ev)) => Some(ev),
-                        Some(Err(broadcast::error::TryRecvError::Lagged(n))) => {
+                    next = match conn.events.as_ref().map(|mb| mb.try_recv()) {
+                        Some(Err(n)) => {
                             return slow_subscriber(conn, &format!("missed {n} events"));
                         }
-                        // Empty; Closed is seen by the next wait.
-                        _ => None,
+                        Some(Ok(ev)) => ev,
+                        None => None,
                     };
                 }
             }
-            Turn::Event(Err(broadcast::error::RecvError::Lagged(n))) => {
+            Turn::Event(Err(n)) => {
                 return slow_subscriber(conn, &format!("missed {n} events"));
             }
-            Turn::Event(Err(broadcast::error::RecvError::Closed)) => conn.events = None,
             Turn::Read(Ok(0)) => return End::Flush,
             Turn::Read(Ok(n)) => {
                 if n >= room {

@@ -43,6 +43,16 @@ impl Subscriptions {
         self.patterns.len()
     }
 
+    /// The channels.
+    pub fn channel_names(&self) -> impl Iterator<Item = &String> {
+        self.channels.iter()
+    }
+
+    /// The patterns, in subscription order.
+    pub fn pattern_names(&self) -> &[String] {
+        &self.patterns
+    }
+
     fn full(&self) -> Reply {
         Reply::err(format!(
             "ERR too many subscriptions on this connection (at most {MAX_SUBSCRIPTIONS})"
@@ -313,6 +323,7 @@ mod tests {
         let ev = Event {
             channel: "+sdown".into(),
             message: "master g 1.2.3.4 5".into(),
+            seq: 0,
         };
         let msgs = s.messages(&ev);
         assert_eq!(msgs.len(), 2);
