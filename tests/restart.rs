@@ -15,6 +15,8 @@
 mod common;
 #[path = "support/dragonfly_stub.rs"]
 mod dragonfly_stub;
+#[path = "support/jitter.rs"]
+mod jitter;
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard};
@@ -403,26 +405,18 @@ fn a_dragonfly_master_restarted_empty_never_wipes_its_replicas() {
 /// Packet loss on every packet `ip` sends (iptables' `statistic` match on
 /// its source, in this test's own network namespace; what netem on the
 /// server's interface does to its egress); removed on drop. netem itself
-/// (which would add the jitter) is not in this machine's kernel.
+/// is not in this machine's kernel: the jitter comes from
+/// [`jitter::Jitter`], on the packets this loss leaves.
 struct LossyLink {
     rules: Vec<Vec<String>>,
 }
 
 impl LossyLink {
     fn iptables(op: &str, rule: &[String]) -> Result<(), String> {
-        let out = std::process::Command::new("iptables")
-            .arg(op)
-            .args(rule)
-            .output()
-            .map_err(|e| format!("iptables: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "iptables {op} {rule:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
+        let args: Vec<&str> = std::iter::once(op)
+            .chain(rule.iter().map(String::as_str))
+            .collect();
+        partition::iptables(&args)
     }
 
     fn start(ip: &str, probability: &str) -> LossyLink {
@@ -472,6 +466,35 @@ impl Drop for LossyLink {
     }
 }
 
+/// Round trips of `n` PINGs to `addr` on one connection, sorted (a
+/// connection that breaks is opened again; each PING within 10 s).
+fn ping_rtts(addr: SocketAddr, n: usize) -> Vec<Duration> {
+    let mut conn = None;
+    let mut rtts = Vec::with_capacity(n);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rtts.len() < n && Instant::now() < deadline {
+        let c = match conn.as_mut() {
+            Some(c) => c,
+            None => match RespConn::connect(addr, Duration::from_secs(10)) {
+                Ok(c) => conn.insert(c),
+                Err(_) => {
+                    // Backing off between attempts, not waiting for a state.
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            },
+        };
+        let t = Instant::now();
+        match c.cmd(&["PING"]) {
+            Ok(Reply::Status(p)) if p == "PONG" => rtts.push(t.elapsed()),
+            _ => conn = None,
+        }
+    }
+    assert_eq!(rtts.len(), n, "PINGs to {addr} answered within 60 s");
+    rtts.sort();
+    rtts
+}
+
 #[test]
 fn a_lossy_link_to_the_master_is_no_failover() {
     let _serial = serial();
@@ -487,7 +510,25 @@ fn a_lossy_link_to_the_master_is_no_failover() {
         .unwrap_or(60);
     let s = setup(&[], &[], "");
     let master = s.topo.master.addr();
-    let _link = LossyLink::start(&master.ip().to_string(), "0.2");
+    let ip = master.ip().to_string();
+    let _link = LossyLink::start(&ip, "0.2");
+    // netem's `delay 50ms 50ms`: each packet the loss leaves is held 0-100 ms.
+    let jitter = jitter::Jitter::start(
+        &ip,
+        Duration::from_millis(50),
+        Duration::from_millis(50),
+        24,
+    )
+    .unwrap_or_else(|e| panic!("cannot put jitter on the master's link: {e}"));
+    // The link is as slow as meant: PINGs from here wait for the delay
+    // (and sometimes for a retransmission of a lost reply).
+    let rtt = ping_rtts(master, 21);
+    let median = rtt[rtt.len() / 2];
+    println!("PING round trips to the master with loss and jitter: median {median:?}, {rtt:?}");
+    assert!(
+        median >= Duration::from_millis(15) && median <= Duration::from_millis(600),
+        "median PING round trip {median:?} on a link meant to add 50 ms +- 50 ms: {rtt:?}"
+    );
     let start = Instant::now();
     let mut sdowns = 0;
     while start.elapsed() < Duration::from_secs(secs) {
@@ -541,8 +582,18 @@ fn a_lossy_link_to_the_master_is_no_failover() {
             (*r, total)
         })
         .collect();
+    let delayed = jitter.stop();
     println!(
-        "{secs} s of 20 % loss of the master's packets: {sdowns} +sdown (by reason: {reasons:?}), no +odown"
+        "{secs} s of 20 % loss and 50 ms +- 50 ms jitter on the master's packets: {sdowns} +sdown (by reason: {reasons:?}), no +odown; {} packets delayed, mean {:?}, max {:?}, at most {} held at once, {} queue errors",
+        delayed.packets, delayed.mean, delayed.max, delayed.most_held, delayed.errors
+    );
+    // Every packet the master sent was held: a delay that did not happen
+    // would make this test pass for nothing.
+    assert!(
+        delayed.packets >= secs * 10
+            && delayed.mean >= Duration::from_millis(40)
+            && delayed.mean <= Duration::from_millis(60),
+        "{delayed:?}"
     );
     // Never taken for a dead process: nothing refused.
     assert_eq!(reasons[1].1, 0.0, "{reasons:?}");
