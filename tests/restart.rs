@@ -402,11 +402,23 @@ fn a_dragonfly_master_restarted_empty_never_wipes_its_replicas() {
     }
 }
 
-/// Packet loss on every packet `ip` sends (iptables' `statistic` match on
-/// its source, in this test's own network namespace; what netem on the
-/// server's interface does to its egress); removed on drop. netem itself
-/// is not in this machine's kernel: the jitter comes from
-/// [`jitter::Jitter`], on the packets this loss leaves.
+/// The iptables match of every packet `server` sends: from its address
+/// and its port (the address alone would also match its clients' packets
+/// to it: a client in this namespace that does not bind its socket leaves
+/// from the address it connects to). What a qdisc on the server's own
+/// interface acts on: its egress.
+fn egress_of(server: SocketAddr) -> Vec<String> {
+    let (ip, port) = (server.ip().to_string(), server.port().to_string());
+    ["-p", "tcp", "-s", &ip, "--sport", &port]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+}
+
+/// Packet loss in this test's own network namespace (iptables'
+/// `statistic` match), as netem's `loss` on the server's interface;
+/// removed on drop. netem itself is not in this machine's kernel: the
+/// jitter comes from [`jitter::Jitter`], on the packets this loss leaves.
 struct LossyLink {
     rules: Vec<Vec<String>>,
 }
@@ -419,36 +431,39 @@ impl LossyLink {
         partition::iptables(&args)
     }
 
-    fn start(ip: &str, probability: &str) -> LossyLink {
-        Self::start_on(ip, probability, &["-s"])
+    /// Each packet `server` sends dropped with `probability`.
+    fn start(server: SocketAddr, probability: &str) -> LossyLink {
+        Self::start_on(&[egress_of(server)], probability)
     }
 
     /// Every packet from and to `ip` dropped: a host that vanished (no
     /// refusal, only silence).
     fn black_hole(ip: &str) -> LossyLink {
-        Self::start_on(ip, "1", &["-s", "-d"])
+        let m = |dir: &str| vec![dir.to_string(), ip.to_string()];
+        Self::start_on(&[m("-s"), m("-d")], "1")
     }
 
-    fn start_on(ip: &str, probability: &str, dirs: &[&str]) -> LossyLink {
-        let rules: Vec<Vec<String>> = dirs
+    fn start_on(matches: &[Vec<String>], probability: &str) -> LossyLink {
+        let rules: Vec<Vec<String>> = matches
             .iter()
-            .map(|dir| {
-                [
-                    "INPUT",
-                    dir,
-                    ip,
-                    "-m",
-                    "statistic",
-                    "--mode",
-                    "random",
-                    "--probability",
-                    probability,
-                    "-j",
-                    "DROP",
-                ]
-                .iter()
-                .map(|a| a.to_string())
-                .collect()
+            .map(|m| {
+                let mut r = vec!["INPUT".to_string()];
+                r.extend(m.iter().cloned());
+                r.extend(
+                    [
+                        "-m",
+                        "statistic",
+                        "--mode",
+                        "random",
+                        "--probability",
+                        probability,
+                        "-j",
+                        "DROP",
+                    ]
+                    .iter()
+                    .map(|a| a.to_string()),
+                );
+                r
             })
             .collect();
         for r in &rules {
@@ -510,11 +525,10 @@ fn a_lossy_link_to_the_master_is_no_failover() {
         .unwrap_or(60);
     let s = setup(&[], &[], "");
     let master = s.topo.master.addr();
-    let ip = master.ip().to_string();
-    let _link = LossyLink::start(&ip, "0.2");
+    let _link = LossyLink::start(master, "0.2");
     // netem's `delay 50ms 50ms`: each packet the loss leaves is held 0-100 ms.
     let jitter = jitter::Jitter::start(
-        &ip,
+        &egress_of(master),
         Duration::from_millis(50),
         Duration::from_millis(50),
         24,

@@ -193,12 +193,17 @@ fn iptables(op: &str, rule: &[String]) -> Result<(), String> {
 }
 
 impl Jitter {
-    /// Delay every packet `ip` sends (arriving on this network namespace's
-    /// INPUT chain, after the rules already there: a packet a loss rule
-    /// drops is never queued) by a time drawn uniformly from
+    /// Delay every packet that iptables' `matches` select (on this network
+    /// namespace's INPUT chain, after the rules already there: a packet a
+    /// loss rule drops is never queued) by a time drawn uniformly from
     /// `mean ± jitter`. Call on the thread that entered the test's network
     /// namespace: the queue and the rule are that namespace's.
-    pub fn start(ip: &str, mean: Duration, jitter: Duration, queue: u16) -> Result<Jitter, String> {
+    pub fn start(
+        matches: &[String],
+        mean: Duration,
+        jitter: Duration,
+        queue: u16,
+    ) -> Result<Jitter, String> {
         let fd = nix::sys::socket::socket(
             AddressFamily::Netlink,
             SockType::Raw,
@@ -231,18 +236,14 @@ impl Jitter {
                 ],
             ),
         )?;
-        let rule: Vec<String> = [
-            "INPUT",
-            "-s",
-            ip,
-            "-j",
-            "NFQUEUE",
-            "--queue-num",
-            &queue.to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut rule = vec!["INPUT".to_string()];
+        rule.extend(matches.iter().cloned());
+        rule.extend(
+            ["-j", "NFQUEUE", "--queue-num"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        rule.push(queue.to_string());
         iptables("-A", &rule)?;
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
