@@ -433,7 +433,7 @@ fn client_kill(api: &Api, conn: &Conn, opts: &[String]) -> Reply {
     let clients = api.client_list();
     if let [addr] = opts {
         // The old form: one address, an error when nobody matches.
-        return match clients.iter().find(|c| &c.addr == addr) {
+        return match clients.iter().find(|c| c.addr.to_string() == *addr) {
             Some(c) => {
                 c.kill.cancel();
                 Reply::ok()
@@ -487,8 +487,10 @@ fn client_kill(api: &Api, conn: &Conn, opts: &[String]) -> Reply {
     for c in clients {
         if (skipme && c.id == conn.id)
             || id.is_some_and(|i| i != c.id)
-            || addr.as_ref().is_some_and(|a| a != &c.addr)
-            || laddr.as_ref().is_some_and(|a| a != &c.laddr)
+            || addr.as_ref().is_some_and(|a| *a != c.addr.to_string())
+            || laddr
+                .as_ref()
+                .is_some_and(|a| c.laddr.is_none_or(|l| *a != l.to_string()))
         {
             continue;
         }

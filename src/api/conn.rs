@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -81,9 +82,9 @@ pub struct ClientEntry {
     /// `CLIENT ID`.
     pub id: u64,
     /// Remote address.
-    pub addr: String,
+    pub addr: SocketAddr,
     /// Local address.
-    pub laddr: String,
+    pub laddr: Option<SocketAddr>,
     /// When it connected.
     pub created: Instant,
     /// Cancelled by `CLIENT KILL`.
@@ -129,7 +130,7 @@ impl ClientEntry {
             "id={} addr={} laddr={} fd=0 name={} age={} idle={} flags={flags} db=0 sub={} psub={} ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
-            self.laddr,
+            self.laddr.map(|a| a.to_string()).unwrap_or_default(),
             s.name,
             now.saturating_duration_since(self.created).as_secs(),
             now.saturating_duration_since(s.last_active).as_secs(),
@@ -172,6 +173,9 @@ pub struct Api {
     pub(crate) slots: Arc<Semaphore>,
     /// The subscribers, by channel.
     pub hub: Arc<super::hub::Hub>,
+    /// `picket_api_clients`, looked up once rather than at every
+    /// connection and disconnection.
+    pub(crate) clients_gauge: metrics::Gauge,
     next_id: AtomicU64,
 }
 
@@ -185,6 +189,7 @@ impl Api {
             .collect();
         Api {
             hub: Arc::new(super::hub::Hub::new(&daemon.ctx.events)),
+            clients_gauge: metrics::gauge!(crate::metrics::API_CLIENTS),
             daemon,
             stats: Stats::default(),
             clients: Mutex::new(BTreeMap::new()),
@@ -248,7 +253,7 @@ pub struct Conn {
     /// Close after this reply (`QUIT`).
     pub quit: bool,
     /// Peer address.
-    pub peer: String,
+    pub peer: SocketAddr,
     /// Channels and patterns.
     pub subs: pubsub::Subscriptions,
     /// The events of its channels and patterns, while subscribed to

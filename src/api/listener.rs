@@ -4,6 +4,7 @@
 //! replies at once, the bounded output buffer and the pub/sub forwarding.
 
 use std::borrow::Cow;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -130,6 +131,10 @@ pub async fn serve(
     // thread (the first listener's, when there are two): their wake-ups
     // stay on the thread that runs the subscribers.
     let hub = tokio::spawn(api.hub.clone().run());
+    let local = listener
+        .local_addr()
+        .ok()
+        .filter(|a| !a.ip().is_unspecified());
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => {
@@ -173,17 +178,18 @@ pub async fn serve(
         let c = cancel.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            metrics::gauge!(m::API_CLIENTS).increment(1.0);
+            api.clients_gauge.increment(1.0);
             api.stats.connected.fetch_add(1, Ordering::Relaxed);
             let _ = sock.set_nodelay(true);
-            let laddr = sock.local_addr().map(|a| a.to_string()).unwrap_or_default();
-            let peer = peer.to_string();
+            // The listener's own address unless it listens on every
+            // address (a system call and a text less per connection).
+            let laddr = local.or_else(|| sock.local_addr().ok());
             tokio::select! {
                 _ = c.cancelled() => {}
                 _ = accept(sock, tls, peer, laddr, &api) => {}
             }
             api.stats.connected.fetch_sub(1, Ordering::Relaxed);
-            metrics::gauge!(m::API_CLIENTS).decrement(1.0);
+            api.clients_gauge.decrement(1.0);
             drop(permit);
         });
     }
@@ -193,8 +199,8 @@ pub async fn serve(
 async fn accept(
     sock: TcpStream,
     tls: Option<Shared<rustls::ServerConfig>>,
-    peer: String,
-    laddr: String,
+    peer: SocketAddr,
+    laddr: Option<SocketAddr>,
     api: &Arc<Api>,
 ) {
     let Some(cfg) = tls else {
@@ -317,7 +323,7 @@ enum End {
     Abort,
 }
 
-async fn handle<R, W>(rd: R, wr: W, peer: String, laddr: String, api: &Arc<Api>)
+async fn handle<R, W>(rd: R, wr: W, peer: SocketAddr, laddr: Option<SocketAddr>, api: &Arc<Api>)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -335,7 +341,7 @@ where
     let now = Instant::now();
     let entry = Arc::new(ClientEntry {
         id: api.next_client_id(),
-        addr: peer.clone(),
+        addr: peer,
         laddr,
         created: now,
         kill: CancellationToken::new(),
