@@ -603,10 +603,12 @@ fn a_lossy_link_to_the_master_is_no_failover() {
     );
     // Every packet the master sent was held: a delay that did not happen
     // would make this test pass for nothing.
+    // The mean is 50 ms and a little more on a loaded machine (the
+    // delayer's thread wakes late).
     assert!(
         delayed.packets >= secs * 10
             && delayed.mean >= Duration::from_millis(40)
-            && delayed.mean <= Duration::from_millis(60),
+            && delayed.mean <= Duration::from_millis(100),
         "{delayed:?}"
     );
     // Never taken for a dead process: nothing refused.
