@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
+use futures::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -470,6 +471,22 @@ where
                         None => None,
                     };
                 }
+                // Written at once, as replies are (the socket is almost
+                // always writable), instead of in another turn of the loop
+                // for each subscriber of a fan-out. Not waited for: a
+                // subscriber that does not read is left to the loop (its
+                // deadline, `CLIENT KILL`).
+                if !io.output.is_empty()
+                    && let Some(r) = io.wr.write(&io.output).now_or_never()
+                {
+                    match r {
+                        Ok(n) if n > 0 => io.wrote(n),
+                        _ => return End::Abort,
+                    }
+                    if io.output.is_empty() && io.wr.flush().await.is_err() {
+                        return End::Abort;
+                    }
+                }
             }
             Turn::Event(Err(n)) => {
                 return slow_subscriber(conn, &format!("missed {n} events"));
@@ -503,18 +520,11 @@ where
 /// when there is no room (then the subscriber has
 /// [`SLOW_SUBSCRIBER_GRACE`] to make room).
 fn queue_messages<R, W>(conn: &Conn, io: &mut Io<R, W>, ev: &Event) {
-    let mut msgs = BytesMut::new();
-    for msg in conn.subs.messages(ev) {
-        msg.encode(&mut msgs, conn.resp3);
-    }
-    if msgs.is_empty() {
-        return;
-    }
-    if io.output.len() + msgs.len() <= io.budget {
-        io.output.extend_from_slice(&msgs);
-    } else {
+    let start = io.output.len();
+    conn.subs.encode_messages(ev, &mut io.output, conn.resp3);
+    if io.output.len() > io.budget {
         io.held = Some(Held {
-            bytes: msgs,
+            bytes: io.output.split_off(start),
             deadline: Instant::now() + SLOW_SUBSCRIBER_GRACE,
         });
     }
