@@ -7,6 +7,7 @@
 //! string.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::broadcast;
 
@@ -171,14 +172,19 @@ pub struct Event {
     pub channel: String,
     /// Payload, e.g. `cache 10.0.0.1 6379 10.0.0.2 6379`.
     pub message: String,
+    /// Its place in the order of this daemon's events (0 first): a
+    /// subscription made after [`Events::next_seq`] was `n` receives the
+    /// events from `n` on, however late they are passed on to it.
+    pub seq: u64,
 }
 
 /// The event bus of one daemon.
 #[derive(Debug, Clone)]
 pub struct Events {
-    /// Shared, not cloned, per subscriber: every subscribed connection
-    /// receives every event (thousands at once after a failover).
+    /// Shared, not cloned, per receiver.
     tx: broadcast::Sender<Arc<Event>>,
+    /// The next event's [`Event::seq`].
+    seq: Arc<AtomicU64>,
 }
 
 impl Default for Events {
@@ -191,7 +197,10 @@ impl Events {
     /// A bus that keeps up to 4096 undelivered events per slow subscriber.
     pub fn new() -> Self {
         let (tx, _) = broadcast::channel(4096);
-        Events { tx }
+        Events {
+            tx,
+            seq: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     /// Publish (and log) an event.
@@ -199,10 +208,18 @@ impl Events {
         let message = message.into();
         let channel = kind.channel();
         tracing::info!(target: "picket::events", event = channel, "{channel} {message}");
+        // Numbered when made: two groups emitting at once may send theirs
+        // in the other order, but a subscription's start is still exact.
         let _ = self.tx.send(Arc::new(Event {
             channel: channel.to_string(),
             message,
+            seq: self.seq.fetch_add(1, Ordering::SeqCst),
         }));
+    }
+
+    /// The [`Event::seq`] the next event will have.
+    pub fn next_seq(&self) -> u64 {
+        self.seq.load(Ordering::SeqCst)
     }
 
     /// Receive every event from now on.

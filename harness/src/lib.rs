@@ -41,6 +41,7 @@ use tempfile::TempDir;
 pub mod api_util;
 pub mod dragonfly_stub;
 pub mod fake_kube;
+pub mod jitter;
 pub mod obs_support;
 pub mod ops_support;
 pub mod tls;

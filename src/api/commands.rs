@@ -108,7 +108,7 @@ pub async fn dispatch(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Rep
         "AUTH" | "HELLO" | "QUIT" => connection_command(api, conn, &cmd, &rest).await,
         "RESET" => {
             conn.subs.clear();
-            conn.sync_events(d);
+            conn.sync_events(api);
             conn.resp3 = false;
             conn.name = None;
             conn.user = api.users.initial();
@@ -130,18 +130,18 @@ pub async fn dispatch(api: &Arc<Api>, conn: &mut Conn, args: Vec<Bytes>) -> (Rep
                 } else {
                     conn.subs.psubscribe(&rest)
                 };
-                conn.sync_events(d);
+                conn.sync_events(api);
                 r
             }
         }
         "UNSUBSCRIBE" => {
             let r = conn.subs.unsubscribe(&rest);
-            conn.sync_events(d);
+            conn.sync_events(api);
             r
         }
         "PUNSUBSCRIBE" => {
             let r = conn.subs.punsubscribe(&rest);
-            conn.sync_events(d);
+            conn.sync_events(api);
             r
         }
         "PICKET" => super::peer::picket(d, &rest).await,
@@ -433,7 +433,7 @@ fn client_kill(api: &Api, conn: &Conn, opts: &[String]) -> Reply {
     let clients = api.client_list();
     if let [addr] = opts {
         // The old form: one address, an error when nobody matches.
-        return match clients.iter().find(|c| &c.addr == addr) {
+        return match clients.iter().find(|c| c.addr.to_string() == *addr) {
             Some(c) => {
                 c.kill.cancel();
                 Reply::ok()
@@ -487,8 +487,10 @@ fn client_kill(api: &Api, conn: &Conn, opts: &[String]) -> Reply {
     for c in clients {
         if (skipme && c.id == conn.id)
             || id.is_some_and(|i| i != c.id)
-            || addr.as_ref().is_some_and(|a| a != &c.addr)
-            || laddr.as_ref().is_some_and(|a| a != &c.laddr)
+            || addr.as_ref().is_some_and(|a| *a != c.addr.to_string())
+            || laddr
+                .as_ref()
+                .is_some_and(|a| c.laddr.is_none_or(|l| *a != l.to_string()))
         {
             continue;
         }

@@ -4,18 +4,18 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, broadcast};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::acl::{Identity, Users};
 use super::pubsub;
 use crate::daemon::Daemon;
-use crate::events::Event;
 
 /// Cap on one request: all of its arguments together (a client has no
 /// reason to send more).
@@ -82,9 +82,9 @@ pub struct ClientEntry {
     /// `CLIENT ID`.
     pub id: u64,
     /// Remote address.
-    pub addr: String,
+    pub addr: SocketAddr,
     /// Local address.
-    pub laddr: String,
+    pub laddr: Option<SocketAddr>,
     /// When it connected.
     pub created: Instant,
     /// Cancelled by `CLIENT KILL`.
@@ -130,7 +130,7 @@ impl ClientEntry {
             "id={} addr={} laddr={} fd=0 name={} age={} idle={} flags={flags} db=0 sub={} psub={} ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 oll=0 omem=0 tot-mem=0 events=r cmd={} user={} redir=-1 resp={} lib-name={} lib-ver={}",
             self.id,
             self.addr,
-            self.laddr,
+            self.laddr.map(|a| a.to_string()).unwrap_or_default(),
             s.name,
             now.saturating_duration_since(self.created).as_secs(),
             now.saturating_duration_since(s.last_active).as_secs(),
@@ -171,6 +171,11 @@ pub struct Api {
     /// `max_clients` slots, shared by every listener of this API (the TLS
     /// one and the plaintext one of a migration).
     pub(crate) slots: Arc<Semaphore>,
+    /// The subscribers, by channel.
+    pub hub: Arc<super::hub::Hub>,
+    /// `picket_api_clients`, looked up once rather than at every
+    /// connection and disconnection.
+    pub(crate) clients_gauge: metrics::Gauge,
     next_id: AtomicU64,
 }
 
@@ -183,6 +188,8 @@ impl Api {
             .map(|_| char::from(b"0123456789abcdef"[rand::Rng::random_range(&mut rng, 0..16)]))
             .collect();
         Api {
+            hub: Arc::new(super::hub::Hub::new(&daemon.ctx.events)),
+            clients_gauge: metrics::gauge!(crate::metrics::API_CLIENTS),
             daemon,
             stats: Stats::default(),
             clients: Mutex::new(BTreeMap::new()),
@@ -246,11 +253,12 @@ pub struct Conn {
     /// Close after this reply (`QUIT`).
     pub quit: bool,
     /// Peer address.
-    pub peer: String,
+    pub peer: SocketAddr,
     /// Channels and patterns.
     pub subs: pubsub::Subscriptions,
-    /// The event bus, while subscribed to anything.
-    pub events: Option<broadcast::Receiver<Arc<Event>>>,
+    /// The events of its channels and patterns, while subscribed to
+    /// anything.
+    pub events: Option<Arc<super::hub::Mailbox>>,
     /// This connection in the registry.
     pub entry: Arc<ClientEntry>,
     /// The master address it asked for last.
@@ -258,14 +266,14 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Subscribe to the event bus on the first subscription and leave it on
-    /// the last unsubscription.
-    pub fn sync_events(&mut self, d: &Daemon) {
-        if self.subs.count() == 0 {
-            self.events = None;
-        } else if self.events.is_none() {
-            self.events = Some(d.ctx.events.subscribe());
-        }
+    /// Tell the hub what this connection is subscribed to now: it gets a
+    /// mailbox on its first subscription (owed the events from then on)
+    /// and loses it on its last unsubscription.
+    pub fn sync_events(&mut self, api: &Api) {
+        let since = api.daemon.ctx.events.next_seq();
+        self.events = api
+            .hub
+            .update(self.id, self.events.take(), &self.subs, since);
     }
 
     /// After a command that changed nothing of the connection: its name

@@ -4,20 +4,22 @@
 //! replies at once, the bounded output buffer and the pub/sub forwarding.
 
 use std::borrow::Cow;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
+use futures::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
 use tokio_util::sync::CancellationToken;
 
 use super::commands;
 use super::conn::{Api, ClientEntry, ClientState, Conn, SLOW_SUBSCRIBER_GRACE};
+use super::hub::Mailbox;
 use super::reply::Reply;
 use super::request::{RequestDecoder, RequestError};
 use crate::events::Event;
@@ -126,9 +128,20 @@ pub async fn serve(
     tls: Option<Shared<rustls::ServerConfig>>,
     cancel: CancellationToken,
 ) {
+    // The events are passed on to the subscribers on the listener's own
+    // thread (the first listener's, when there are two): their wake-ups
+    // stay on the thread that runs the subscribers.
+    let hub = tokio::spawn(api.hub.clone().run());
+    let local = listener
+        .local_addr()
+        .ok()
+        .filter(|a| !a.ip().is_unspecified());
     loop {
         let accepted = tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => {
+                hub.abort();
+                return;
+            }
             a = listener.accept() => a,
         };
         let (mut sock, peer) = match accepted {
@@ -166,17 +179,18 @@ pub async fn serve(
         let c = cancel.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            metrics::gauge!(m::API_CLIENTS).increment(1.0);
+            api.clients_gauge.increment(1.0);
             api.stats.connected.fetch_add(1, Ordering::Relaxed);
             let _ = sock.set_nodelay(true);
-            let laddr = sock.local_addr().map(|a| a.to_string()).unwrap_or_default();
-            let peer = peer.to_string();
+            // The listener's own address unless it listens on every
+            // address (a system call and a text less per connection).
+            let laddr = local.or_else(|| sock.local_addr().ok());
             tokio::select! {
                 _ = c.cancelled() => {}
                 _ = accept(sock, tls, peer, laddr, &api) => {}
             }
             api.stats.connected.fetch_sub(1, Ordering::Relaxed);
-            metrics::gauge!(m::API_CLIENTS).decrement(1.0);
+            api.clients_gauge.decrement(1.0);
             drop(permit);
         });
     }
@@ -186,8 +200,8 @@ pub async fn serve(
 async fn accept(
     sock: TcpStream,
     tls: Option<Shared<rustls::ServerConfig>>,
-    peer: String,
-    laddr: String,
+    peer: SocketAddr,
+    laddr: Option<SocketAddr>,
     api: &Arc<Api>,
 ) {
     let Some(cfg) = tls else {
@@ -285,12 +299,11 @@ impl<R, W: AsyncWrite + Unpin> Io<R, W> {
     }
 }
 
-/// Receive the next event, or wait forever when not subscribed.
-async fn next_event(
-    rx: &mut Option<broadcast::Receiver<Arc<Event>>>,
-) -> Result<Arc<Event>, broadcast::error::RecvError> {
-    match rx {
-        Some(rx) => rx.recv().await,
+/// Receive the next event, or wait forever when not subscribed; `Err(n)`
+/// once `n` events were missed.
+async fn next_event(mailbox: &Option<Arc<Mailbox>>) -> Result<Arc<Event>, u64> {
+    match mailbox {
+        Some(mb) => mb.recv().await,
         None => std::future::pending().await,
     }
 }
@@ -311,7 +324,7 @@ enum End {
     Abort,
 }
 
-async fn handle<R, W>(rd: R, wr: W, peer: String, laddr: String, api: &Arc<Api>)
+async fn handle<R, W>(rd: R, wr: W, peer: SocketAddr, laddr: Option<SocketAddr>, api: &Arc<Api>)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -329,7 +342,7 @@ where
     let now = Instant::now();
     let entry = Arc::new(ClientEntry {
         id: api.next_client_id(),
-        addr: peer.clone(),
+        addr: peer,
         laddr,
         created: now,
         kill: CancellationToken::new(),
@@ -360,14 +373,30 @@ where
         entry: entry.clone(),
         master: None,
     };
-    let end = run(&mut conn, api, &mut io).await;
-    api.unregister(entry.id);
+    let end = {
+        let _registered = Registered { api, id: entry.id };
+        run(&mut conn, api, &mut io).await
+    };
     if let End::Flush = end {
         let _ = tokio::time::timeout(FLUSH_GRACE, async {
             io.drain_to(0).await?;
             io.wr.shutdown().await
         })
         .await;
+    }
+}
+
+/// A connection in the registry (`CLIENT LIST`) and the hub until it ends,
+/// however its task ends (dropped with the runtime too).
+struct Registered<'a> {
+    api: &'a Api,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.api.unregister(self.id);
+        self.api.hub.remove(self.id);
     }
 }
 
@@ -380,7 +409,7 @@ fn slow_subscriber(conn: &Conn, why: &str) -> End {
 /// What one turn of the connection's loop saw.
 enum Turn {
     Killed,
-    Event(Result<Arc<Event>, broadcast::error::RecvError>),
+    Event(Result<Arc<Event>, u64>),
     Read(std::io::Result<usize>),
     Wrote(std::io::Result<usize>),
     Slow,
@@ -411,7 +440,7 @@ where
             _ = &mut killed => Turn::Killed,
             _ = held_deadline(&io.held) => Turn::Slow,
             n = io.wr.write(&io.output), if !io.output.is_empty() => Turn::Wrote(n),
-            ev = next_event(&mut conn.events), if io.held.is_none() => Turn::Event(ev),
+            ev = next_event(&conn.events), if io.held.is_none() => Turn::Event(ev),
             n = io.rd.read_buf(&mut io.input), if reading => Turn::Read(n),
         };
         match turn {
@@ -425,29 +454,43 @@ where
             }
             Turn::Wrote(_) => return End::Abort,
             Turn::Event(Ok(ev)) => {
-                // Every event already queued, at once (a failover emits a
-                // burst, and every subscriber gets every event): one
-                // wake-up and one write instead of one per event.
+                // Every event already waiting, at once (a failover emits
+                // a burst): one wake-up and one write instead of one per
+                // event.
                 let mut next = Some(ev);
                 while let Some(ev) = next.take() {
                     queue_messages(conn, io, &ev);
                     if io.held.is_some() {
                         break;
                     }
-                    next = match conn.events.as_mut().map(|rx| rx.try_recv()) {
-                        Some(Ok(ev)) => Some(ev),
-                        Some(Err(broadcast::error::TryRecvError::Lagged(n))) => {
+                    next = match conn.events.as_ref().map(|mb| mb.try_recv()) {
+                        Some(Err(n)) => {
                             return slow_subscriber(conn, &format!("missed {n} events"));
                         }
-                        // Empty; Closed is seen by the next wait.
-                        _ => None,
+                        Some(Ok(ev)) => ev,
+                        None => None,
                     };
                 }
+                // Written at once, as replies are (the socket is almost
+                // always writable), instead of in another turn of the loop
+                // for each subscriber of a fan-out. Not waited for: a
+                // subscriber that does not read is left to the loop (its
+                // deadline, `CLIENT KILL`).
+                if !io.output.is_empty()
+                    && let Some(r) = io.wr.write(&io.output).now_or_never()
+                {
+                    match r {
+                        Ok(n) if n > 0 => io.wrote(n),
+                        _ => return End::Abort,
+                    }
+                    if io.output.is_empty() && io.wr.flush().await.is_err() {
+                        return End::Abort;
+                    }
+                }
             }
-            Turn::Event(Err(broadcast::error::RecvError::Lagged(n))) => {
+            Turn::Event(Err(n)) => {
                 return slow_subscriber(conn, &format!("missed {n} events"));
             }
-            Turn::Event(Err(broadcast::error::RecvError::Closed)) => conn.events = None,
             Turn::Read(Ok(0)) => return End::Flush,
             Turn::Read(Ok(n)) => {
                 if n >= room {
@@ -477,18 +520,11 @@ where
 /// when there is no room (then the subscriber has
 /// [`SLOW_SUBSCRIBER_GRACE`] to make room).
 fn queue_messages<R, W>(conn: &Conn, io: &mut Io<R, W>, ev: &Event) {
-    let mut msgs = BytesMut::new();
-    for msg in conn.subs.messages(ev) {
-        msg.encode(&mut msgs, conn.resp3);
-    }
-    if msgs.is_empty() {
-        return;
-    }
-    if io.output.len() + msgs.len() <= io.budget {
-        io.output.extend_from_slice(&msgs);
-    } else {
+    let start = io.output.len();
+    conn.subs.encode_messages(ev, &mut io.output, conn.resp3);
+    if io.output.len() > io.budget {
         io.held = Some(Held {
-            bytes: msgs,
+            bytes: io.output.split_off(start),
             deadline: Instant::now() + SLOW_SUBSCRIBER_GRACE,
         });
     }

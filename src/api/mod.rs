@@ -20,6 +20,7 @@
 pub mod acl;
 pub mod commands;
 pub mod conn;
+pub mod hub;
 pub mod info;
 pub mod listener;
 pub mod peer;

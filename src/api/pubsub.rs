@@ -3,6 +3,8 @@
 
 use std::collections::BTreeSet;
 
+use bytes::{BufMut, BytesMut};
+
 use super::reply::Reply;
 use crate::events::Event;
 
@@ -41,6 +43,16 @@ impl Subscriptions {
     /// Number of patterns.
     pub fn patterns(&self) -> usize {
         self.patterns.len()
+    }
+
+    /// The channels.
+    pub fn channel_names(&self) -> impl Iterator<Item = &String> {
+        self.channels.iter()
+    }
+
+    /// The patterns, in subscription order.
+    pub fn pattern_names(&self) -> &[String] {
+        &self.patterns
     }
 
     fn full(&self) -> Reply {
@@ -128,29 +140,40 @@ impl Subscriptions {
         self.patterns.clear();
     }
 
-    /// The messages `ev` produces for this connection: a `message` if its
-    /// channel is subscribed, then a `pmessage` per matching pattern.
-    pub fn messages(&self, ev: &Event) -> Vec<Reply> {
-        let mut out = Vec::new();
+    /// Encode the messages `ev` produces for this connection into `buf`:
+    /// a `message` if its channel is subscribed, then a `pmessage` per
+    /// matching pattern (RESP3 push frames after `HELLO 3`). Written
+    /// straight into the output: with thousands of subscribers every one
+    /// of them does this for the same event.
+    pub fn encode_messages(&self, ev: &Event, buf: &mut BytesMut, resp3: bool) {
+        let head = if resp3 { b'>' } else { b'*' };
         if self.channels.contains(&ev.channel) {
-            out.push(Reply::Push(vec![
-                Reply::bulk("message"),
-                Reply::bulk(&ev.channel),
-                Reply::bulk(&ev.message),
-            ]));
+            buf.put_u8(head);
+            buf.put_slice(b"3\r\n");
+            put_bulk(buf, b"message");
+            put_bulk(buf, ev.channel.as_bytes());
+            put_bulk(buf, ev.message.as_bytes());
         }
         for p in &self.patterns {
             if glob_match(p, &ev.channel) {
-                out.push(Reply::Push(vec![
-                    Reply::bulk("pmessage"),
-                    Reply::bulk(p),
-                    Reply::bulk(&ev.channel),
-                    Reply::bulk(&ev.message),
-                ]));
+                buf.put_u8(head);
+                buf.put_slice(b"4\r\n");
+                put_bulk(buf, b"pmessage");
+                put_bulk(buf, p.as_bytes());
+                put_bulk(buf, ev.channel.as_bytes());
+                put_bulk(buf, ev.message.as_bytes());
             }
         }
-        out
     }
+}
+
+/// A bulk string: `$<len>\r\n<bytes>\r\n`.
+fn put_bulk(buf: &mut BytesMut, b: &[u8]) {
+    buf.put_u8(b'$');
+    buf.put_slice(b.len().to_string().as_bytes());
+    buf.put_slice(b"\r\n");
+    buf.put_slice(b);
+    buf.put_slice(b"\r\n");
 }
 
 /// Redis's glob (`stringmatchlen`): `*`, `?`, `[abc]`, `[^a]`, `[a-z]` and
@@ -313,16 +336,23 @@ mod tests {
         let ev = Event {
             channel: "+sdown".into(),
             message: "master g 1.2.3.4 5".into(),
+            seq: 0,
         };
-        let msgs = s.messages(&ev);
-        assert_eq!(msgs.len(), 2);
+        let msgs = |resp3| {
+            let mut b = BytesMut::new();
+            s.encode_messages(&ev, &mut b, resp3);
+            b.to_vec()
+        };
+        // As Redis: the `message`, then a `pmessage` per matching pattern.
         assert_eq!(
-            bytes(&msgs[0], false),
-            b"*3\r\n$7\r\nmessage\r\n$6\r\n+sdown\r\n$18\r\nmaster g 1.2.3.4 5\r\n"
+            msgs(false),
+            b"*3\r\n$7\r\nmessage\r\n$6\r\n+sdown\r\n$18\r\nmaster g 1.2.3.4 5\r\n\
+              *4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$6\r\n+sdown\r\n$18\r\nmaster g 1.2.3.4 5\r\n"
         );
         assert_eq!(
-            bytes(&msgs[1], true),
-            b">4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$6\r\n+sdown\r\n$18\r\nmaster g 1.2.3.4 5\r\n"
+            msgs(true),
+            b">3\r\n$7\r\nmessage\r\n$6\r\n+sdown\r\n$18\r\nmaster g 1.2.3.4 5\r\n\
+              >4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$6\r\n+sdown\r\n$18\r\nmaster g 1.2.3.4 5\r\n"
         );
         assert_eq!(
             bytes(&s.unsubscribe(&["+sdown".into(), "nope".into()]), false),
@@ -337,7 +367,9 @@ mod tests {
             b"*3\r\n$11\r\nunsubscribe\r\n$14\r\n+switch-master\r\n:0\r\n"
         );
         assert_eq!(s.count(), 0);
-        assert!(s.messages(&ev).is_empty());
+        let mut none = BytesMut::new();
+        s.encode_messages(&ev, &mut none, false);
+        assert!(none.is_empty());
     }
 
     #[test]

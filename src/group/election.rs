@@ -25,7 +25,7 @@ use super::observe::Instance;
 
 /// The group's replicas for selection (step 4).
 pub(super) struct ReplicaSet<'a> {
-    instances: &'a std::collections::BTreeMap<Addr, Instance>,
+    instances: &'a std::collections::BTreeMap<Addr, Box<Instance>>,
     master: &'a Addr,
     limits: SelectionLimits,
     now: Instant,
@@ -37,7 +37,7 @@ pub(super) struct ReplicaSet<'a> {
 
 impl<'a> ReplicaSet<'a> {
     fn new(
-        instances: &'a std::collections::BTreeMap<Addr, Instance>,
+        instances: &'a std::collections::BTreeMap<Addr, Box<Instance>>,
         master: &'a Addr,
         cfg: &crate::config::GroupConfig,
         now: Instant,

@@ -90,7 +90,7 @@ pub(super) struct KillAttempt {
 /// The replicas `master`'s fresh INFO lists, if it is a master that shows
 /// its whole list (Dragonfly's `--managed_service_info` hides it).
 pub(super) fn master_list<'a>(
-    instances: &'a BTreeMap<Addr, Instance>,
+    instances: &'a BTreeMap<Addr, Box<Instance>>,
     master: &Addr,
 ) -> Option<&'a [ReplicaEntry]> {
     instances
@@ -309,7 +309,7 @@ impl Group {
         up_gauge.set(1.0);
         self.instances.insert(
             addr.clone(),
-            Instance {
+            Box::new(Instance {
                 addr: addr.clone(),
                 server,
                 probe: Some(probe),
@@ -334,7 +334,7 @@ impl Group {
                 rebooted_at: None,
                 identity_before: None,
                 reboot_unjudged: false,
-            },
+            }),
         );
         if *addr != self.master {
             self.emit(EventKind::Slave, &Detail::Replica(addr.clone()));

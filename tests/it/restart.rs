@@ -10,9 +10,9 @@
 //! replicas take a full copy of a restarted master a second later.
 //!
 //! The tests of this file run one at a time (they share two cores with the
-//! daemons they start), and every wait is bounded.
+//! daemons they start; `.config/nextest.toml`), and every wait is bounded.
 
-use picket_harness::dragonfly_stub;
+use picket_harness::{dragonfly_stub, jitter};
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -367,61 +367,68 @@ fn a_dragonfly_master_restarted_empty_never_wipes_its_replicas() {
     }
 }
 
-/// Packet loss on every packet `ip` sends (iptables' `statistic` match on
-/// its source, in this test's own network namespace; what netem on the
-/// server's interface does to its egress); removed on drop. netem itself
-/// (which would add the jitter) is not in this machine's kernel.
+/// The iptables match of every packet `server` sends: from its address
+/// and its port (the address alone would also match its clients' packets
+/// to it: a client in this namespace that does not bind its socket leaves
+/// from the address it connects to). What a qdisc on the server's own
+/// interface acts on: its egress.
+fn egress_of(server: SocketAddr) -> Vec<String> {
+    let (ip, port) = (server.ip().to_string(), server.port().to_string());
+    ["-p", "tcp", "-s", &ip, "--sport", &port]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+}
+
+/// Packet loss in this test's own network namespace (iptables'
+/// `statistic` match), as netem's `loss` on the server's interface;
+/// removed on drop. netem itself is not in this machine's kernel: the
+/// jitter comes from [`jitter::Jitter`], on the packets this loss leaves.
 struct LossyLink {
     rules: Vec<Vec<String>>,
 }
 
 impl LossyLink {
     fn iptables(op: &str, rule: &[String]) -> Result<(), String> {
-        let out = std::process::Command::new("iptables")
-            .arg(op)
-            .args(rule)
-            .output()
-            .map_err(|e| format!("iptables: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "iptables {op} {rule:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
+        let args: Vec<&str> = std::iter::once(op)
+            .chain(rule.iter().map(String::as_str))
+            .collect();
+        partition::iptables(&args)
     }
 
-    fn start(ip: &str, probability: &str) -> LossyLink {
-        Self::start_on(ip, probability, &["-s"])
+    /// Each packet `server` sends dropped with `probability`.
+    fn start(server: SocketAddr, probability: &str) -> LossyLink {
+        Self::start_on(&[egress_of(server)], probability)
     }
 
     /// Every packet from and to `ip` dropped: a host that vanished (no
     /// refusal, only silence).
     fn black_hole(ip: &str) -> LossyLink {
-        Self::start_on(ip, "1", &["-s", "-d"])
+        let m = |dir: &str| vec![dir.to_string(), ip.to_string()];
+        Self::start_on(&[m("-s"), m("-d")], "1")
     }
 
-    fn start_on(ip: &str, probability: &str, dirs: &[&str]) -> LossyLink {
-        let rules: Vec<Vec<String>> = dirs
+    fn start_on(matches: &[Vec<String>], probability: &str) -> LossyLink {
+        let rules: Vec<Vec<String>> = matches
             .iter()
-            .map(|dir| {
-                [
-                    "INPUT",
-                    dir,
-                    ip,
-                    "-m",
-                    "statistic",
-                    "--mode",
-                    "random",
-                    "--probability",
-                    probability,
-                    "-j",
-                    "DROP",
-                ]
-                .iter()
-                .map(|a| a.to_string())
-                .collect()
+            .map(|m| {
+                let mut r = vec!["INPUT".to_string()];
+                r.extend(m.iter().cloned());
+                r.extend(
+                    [
+                        "-m",
+                        "statistic",
+                        "--mode",
+                        "random",
+                        "--probability",
+                        probability,
+                        "-j",
+                        "DROP",
+                    ]
+                    .iter()
+                    .map(|a| a.to_string()),
+                );
+                r
             })
             .collect();
         for r in &rules {
@@ -439,6 +446,35 @@ impl Drop for LossyLink {
     }
 }
 
+/// Round trips of `n` PINGs to `addr` on one connection, sorted (a
+/// connection that breaks is opened again; each PING within 10 s).
+fn ping_rtts(addr: SocketAddr, n: usize) -> Vec<Duration> {
+    let mut conn = None;
+    let mut rtts = Vec::with_capacity(n);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while rtts.len() < n && Instant::now() < deadline {
+        let c = match conn.as_mut() {
+            Some(c) => c,
+            None => match RespConn::connect(addr, Duration::from_secs(10)) {
+                Ok(c) => conn.insert(c),
+                Err(_) => {
+                    // Backing off between attempts, not waiting for a state.
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            },
+        };
+        let t = Instant::now();
+        match c.cmd(&["PING"]) {
+            Ok(Reply::Status(p)) if p == "PONG" => rtts.push(t.elapsed()),
+            _ => conn = None,
+        }
+    }
+    assert_eq!(rtts.len(), n, "PINGs to {addr} answered within 60 s");
+    rtts.sort();
+    rtts
+}
+
 #[test]
 fn a_lossy_link_to_the_master_is_no_failover() {
     // Its own network namespace: the loss is on this test's `lo` only.
@@ -453,7 +489,24 @@ fn a_lossy_link_to_the_master_is_no_failover() {
         .unwrap_or(60);
     let s = setup(&[], &[], "");
     let master = s.topo.master.addr();
-    let _link = LossyLink::start(&master.ip().to_string(), "0.2");
+    let _link = LossyLink::start(master, "0.2");
+    // netem's `delay 50ms 50ms`: each packet the loss leaves is held 0-100 ms.
+    let jitter = jitter::Jitter::start(
+        &egress_of(master),
+        Duration::from_millis(50),
+        Duration::from_millis(50),
+        24,
+    )
+    .unwrap_or_else(|e| panic!("cannot put jitter on the master's link: {e}"));
+    // The link is as slow as meant: PINGs from here wait for the delay
+    // (and sometimes for a retransmission of a lost reply).
+    let rtt = ping_rtts(master, 21);
+    let median = rtt[rtt.len() / 2];
+    println!("PING round trips to the master with loss and jitter: median {median:?}, {rtt:?}");
+    assert!(
+        median >= Duration::from_millis(15) && median <= Duration::from_millis(600),
+        "median PING round trip {median:?} on a link meant to add 50 ms +- 50 ms: {rtt:?}"
+    );
     let start = Instant::now();
     let mut sdowns = 0;
     while start.elapsed() < Duration::from_secs(secs) {
@@ -507,8 +560,20 @@ fn a_lossy_link_to_the_master_is_no_failover() {
             (*r, total)
         })
         .collect();
+    let delayed = jitter.stop();
     println!(
-        "{secs} s of 20 % loss of the master's packets: {sdowns} +sdown (by reason: {reasons:?}), no +odown"
+        "{secs} s of 20 % loss and 50 ms +- 50 ms jitter on the master's packets: {sdowns} +sdown (by reason: {reasons:?}), no +odown; {} packets delayed, mean {:?}, max {:?}, at most {} held at once, {} queue errors",
+        delayed.packets, delayed.mean, delayed.max, delayed.most_held, delayed.errors
+    );
+    // Every packet the master sent was held: a delay that did not happen
+    // would make this test pass for nothing.
+    // The mean is 50 ms and a little more on a loaded machine (the
+    // delayer's thread wakes late).
+    assert!(
+        delayed.packets >= secs * 10
+            && delayed.mean >= Duration::from_millis(40)
+            && delayed.mean <= Duration::from_millis(100),
+        "{delayed:?}"
     );
     // Never taken for a dead process: nothing refused.
     assert_eq!(reasons[1].1, 0.0, "{reasons:?}");
