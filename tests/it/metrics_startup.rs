@@ -290,6 +290,10 @@ fn a_fresh_daemon_exports_every_series_the_rules_and_the_dashboard_read() {
     // Service is named (this daemon has none); the waits it records are
     // checked through the backend's gate status in tests/it/kubernetes.rs.
     names.insert("picket_discovery_gate_wait_seconds");
+    // Set only for a group with a pod-labels backend that skips the Service
+    // gate (this daemon has none); tests/it/discovery_e2e.rs checks the
+    // series of such a group.
+    names.insert("picket_discovery_gate_skipped");
     for (from, expr) in all_queries() {
         for n in picket_names(&expr) {
             assert!(
