@@ -540,10 +540,14 @@ fn the_alerts_fire_and_resolve_on_a_real_prometheus_through_real_failures() {
     let span = t_prom.elapsed();
     let mut empty = Vec::new();
     for (title, expr) in dashboard_exprs() {
-        // Only with a Kubernetes backend in pod-labels mode whose Service is
-        // named, which this scenario has not (tests/it/kubernetes.rs checks the
-        // waits through the backend's gate status).
-        if expr.contains("picket_discovery_gate_wait_seconds") {
+        // Only with a Kubernetes backend in pod-labels mode, which this
+        // scenario has not: the gate's waits (with a named Service;
+        // tests/it/kubernetes.rs checks them through the backend's gate
+        // status) and the backends that skip it (tests/it/discovery_e2e.rs
+        // checks the series).
+        if expr.contains("picket_discovery_gate_wait_seconds")
+            || expr.contains("picket_discovery_gate_skipped")
+        {
             continue;
         }
         let q = expr.replace("$job", "picket").replace("$group", ".+");
