@@ -1,7 +1,7 @@
 //! The TOML configuration: schema, loading and validation.
 //!
-//! The names here are picket's public contract (see DESIGN.md, "The
-//! user-facing contract"); keep them stable. Every struct denies unknown
+//! The names here are picket's public contract (docs/configuration.md
+//! documents each); keep them stable. Every struct denies unknown
 //! fields so that a typo is an error instead of a silently ignored key.
 
 use std::collections::HashMap;

@@ -296,12 +296,19 @@ pub fn register_group<'a>(group: &str, backends: impl IntoIterator<Item = &'a st
     }
 }
 
+/// Values of the `gate` label of [`DISCOVERY_GATE_WAIT`] (the waits of
+/// `discovery::kubernetes::gate`; kept here with the metric so that the
+/// metrics do not depend on the backend that records them).
+pub const GATE_KINDS: &[&str] = &["fence", "publish"];
+/// Values of the `result` label of [`DISCOVERY_GATE_WAIT`].
+pub const GATE_RESULTS: &[&str] = &["ok", "timeout", "error"];
+
 /// Register the Service-gate histograms of a backend `kind` that has one
 /// (pod-labels with `service`), for every gate and result, so that the
 /// panels have series before the first failover.
 pub fn register_gate(kind: &str) {
-    for gate in crate::discovery::kubernetes::gate::GATE_KINDS {
-        for result in crate::discovery::kubernetes::gate::GATE_RESULTS {
+    for gate in GATE_KINDS {
+        for result in GATE_RESULTS {
             let _ = metrics::histogram!(DISCOVERY_GATE_WAIT, "backend" => kind.to_string(),
                 "gate" => *gate, "result" => *result);
         }

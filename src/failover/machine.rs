@@ -1,4 +1,4 @@
-//! The failover state machine (DESIGN.md, failover steps 5–8 and the
+//! The failover state machine (failover steps 5–8 of ARCHITECTURE.md and the
 //! planned switchover), pure: inputs and time in, actions out. The group
 //! task carries the actions out and feeds their results back.
 //!

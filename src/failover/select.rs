@@ -1,4 +1,4 @@
-//! Replica selection (DESIGN.md, failover step 4).
+//! Replica selection (failover step 4, ARCHITECTURE.md).
 //!
 //! Excluded: replicas this daemon sees down or disconnected, still loading
 //! or in full sync, with priority 0, with stale INFO, or whose link to the

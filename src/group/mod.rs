@@ -1,6 +1,6 @@
 //! The decision task of one group: the single owner of all of the group's
-//! state, a thin driver over pure machines. Where each step of DESIGN.md's
-//! failover is decided and carried out:
+//! state, a thin driver over pure machines. Where each step of the failover
+//! (ARCHITECTURE.md) is decided and carried out:
 //!
 //! | step | decided by | carried out by |
 //! |---|---|---|

@@ -1,4 +1,4 @@
-//! ODOWN and the election (DESIGN.md, failover steps 2–4), as a pure
+//! ODOWN and the election (failover steps 2–4 of ARCHITECTURE.md), as a pure
 //! machine: observations, peer answers and persistence results in, actions
 //! out. The group task carries the actions out (asks the peers, persists
 //! the epoch, starts the failover machine, emits events) and feeds the

@@ -1,4 +1,4 @@
-//! The voter's rules (DESIGN.md, invariant 1): who may get a vote, one
+//! The voter's rules (invariant 1, docs/reliability.md): who may get a vote, one
 //! vote per group and epoch, and the epoch of a new election. Pure; the
 //! state store applies them to the persisted record, and the simulation
 //! to its in-memory one.

@@ -71,11 +71,6 @@ impl GateResult {
     }
 }
 
-/// Values of the `result` label of [`m::DISCOVERY_GATE_WAIT`].
-pub const GATE_RESULTS: &[&str] = &["ok", "timeout", "error"];
-/// Values of the `gate` label of [`m::DISCOVERY_GATE_WAIT`].
-pub const GATE_KINDS: &[&str] = &["fence", "publish"];
-
 /// The last wait of one kind, for `/v1/status`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GateWait {
@@ -277,6 +272,19 @@ pub fn lists(slice: &Value, ip: &str, ready_only: bool) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The label values the metrics register before the first wait are
+    /// the ones a wait records.
+    #[test]
+    fn label_values_are_the_registered_ones() {
+        for k in [GateKind::Fence, GateKind::Publish] {
+            assert!(m::GATE_KINDS.contains(&k.as_str()), "{}", k.as_str());
+        }
+        for r in [GateResult::Ok, GateResult::Timeout, GateResult::Error] {
+            assert!(m::GATE_RESULTS.contains(&r.as_str()), "{}", r.as_str());
+        }
+        assert_eq!((m::GATE_KINDS.len(), m::GATE_RESULTS.len()), (2, 3));
+    }
 
     #[test]
     fn listing() {
