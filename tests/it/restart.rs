@@ -598,8 +598,10 @@ fn a_master_whose_packets_are_dropped_is_failed_over_after_down_after() {
     println!(
         "master's packets dropped -> new master {new_master} agreed by all in {took:?} (down_after 1 s)"
     );
-    // Silence, not a refusal: down_after had to pass.
-    assert!(took >= Duration::from_millis(900), "{took:?}");
+    // Silence, not a refusal: down_after had to pass since the last reply,
+    // which came up to a PING period (down_after / 4) before the cut (890 ms
+    // was seen once); a refusal would have taken about 0.2 s.
+    assert!(took >= Duration::from_millis(700), "{took:?}");
     let reasons = sdown_reasons(&s.cluster);
     assert!(
         reasons
