@@ -273,17 +273,6 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
     // registry, and with thousands of instances every PING paid for it.
     let duration = metrics::histogram!(m::PROBE_DURATION, "group" => s.group.clone(), m::SERVER_LABEL => s.server.clone());
     let grain = grain(s.ping_period);
-    // This probe's place in the period: the grid's points are spread over
-    // the probes, as Sentinel's instances spread over its timer's ticks.
-    // Started together, every probe had the same phase: a thousand PING
-    // rounds (and INFO replies) were under way at once, and their memory
-    // at that moment was what the allocator kept.
-    let phase = s
-        .ping_period
-        .mul_f64(f64::from(rand::random_range(0..8u8)) / 8.0);
-    // The first INFO after a connect is read at once; the next one is
-    // moved to this probe's phase.
-    let mut info_phased = false;
     let mut conn: Option<Connection> = None;
     let mut next_ping = Instant::now();
     // When INFO was last asked for (None: at once).
@@ -326,8 +315,7 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
                     // old master must be seen, and demoted, without delay.
                     last_info = None;
                     full = None;
-                    info_phased = false;
-                    next_ping = Instant::now() + phase;
+                    next_ping = Instant::now();
                 }
                 Err(e) => {
                     metrics::counter!(m::PROBE_ERRORS, "group" => s.group.clone(), m::SERVER_LABEL => s.server.clone(), "kind" => e.metric_label()).increment(1);
@@ -368,8 +356,7 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
         }
         let next_info = last_info.map_or(now, |t| on_grid(t + ctl.info_period(), grain));
         let result = if now >= next_info {
-            last_info = Some(if info_phased { now } else { now + phase });
-            info_phased = true;
+            last_info = Some(now);
             // Boxed: read once a second at most, its future (the reply's
             // text and the parsed INFO) need not be part of every probe.
             Box::pin(info_round(
