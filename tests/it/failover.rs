@@ -254,7 +254,7 @@ fn kill9_master_promotes_the_priority_replica_once_repoints_and_demotes_the_old_
     wait_for(
         "the old master has the data again",
         Duration::from_secs(10),
-        || topo.master.cmd(&["DBSIZE"]).ok().and_then(|r| r.as_int()) == Some(100),
+        || topo.master.dbsize() == Some(100),
     );
     // No second failover happened meanwhile.
     for n in &cluster.nodes {
@@ -439,7 +439,7 @@ fn flush_on_failover_advertises_an_empty_master_only_after_fencing_the_old_one()
     );
     for r in &topo.replicas {
         wait_for("every replica empty", Duration::from_secs(15), || {
-            r.cmd(&["DBSIZE"]).ok().and_then(|x| x.as_int()) == Some(0)
+            r.dbsize() == Some(0)
         });
     }
     let leader = &cluster.nodes[finished_leader(&cluster)];
@@ -761,10 +761,7 @@ impl Drop for Writer {
 }
 
 fn dbsize(s: &RedisServer) -> i64 {
-    s.cmd(&["DBSIZE"])
-        .ok()
-        .and_then(|r| r.as_int())
-        .unwrap_or(-1)
+    s.dbsize().unwrap_or(-1)
 }
 
 #[test]
