@@ -36,6 +36,12 @@ pub const SDOWN_TOTAL: &str = "picket_sdown_total";
 /// Counter `{group,server}`: restarts of the instance this daemon saw
 /// (`+reboot`).
 pub const INSTANCE_REBOOTS: &str = "picket_instance_reboots_total";
+/// Counter `{group,result}`: sync holds on a master reconnected to after
+/// it was lost (`probe::hold`): `held` (put on), `released` (set back),
+/// `refused` (the server refused CONFIG; a release that failed too).
+pub const SYNC_HOLDS: &str = "picket_sync_holds_total";
+/// The results of [`SYNC_HOLDS`].
+pub const SYNC_HOLD_RESULTS: &[&str] = &["held", "released", "refused"];
 /// The reasons of [`SDOWN_TOTAL`].
 pub const SDOWN_REASONS: &[&str] = &["silence", "refused", "reboot"];
 /// Gauge `{group}`: 1 while the master is ODOWN.
@@ -162,6 +168,10 @@ pub fn describe() {
         INSTANCE_REBOOTS,
         "Restarts of the instance this daemon saw (+reboot)"
     );
+    describe_counter!(
+        SYNC_HOLDS,
+        "Holds of full copies from a master reconnected to after it was lost, by result: held, released, refused"
+    );
     describe_gauge!(
         QUORUM_REACHABLE,
         "1 when enough daemons are reachable to authorise a failover"
@@ -284,6 +294,9 @@ pub fn register_group<'a>(group: &str, backends: impl IntoIterator<Item = &'a st
     metrics::gauge!(MASTER_ODOWN, "group" => g.clone()).set(0.0);
     for reason in SDOWN_REASONS {
         metrics::counter!(SDOWN_TOTAL, "group" => g.clone(), "reason" => *reason).increment(0);
+    }
+    for result in SYNC_HOLD_RESULTS {
+        metrics::counter!(SYNC_HOLDS, "group" => g.clone(), "result" => *result).increment(0);
     }
     let _ = metrics::histogram!(FAILOVER_DURATION, "group" => g);
     for kind in backends {

@@ -1980,8 +1980,14 @@ fn accept_loop(listener: TcpListener, target: SocketAddr, s: std::sync::Arc<Prox
 /// `min-replicas-to-write` of a server (isolation fencing), None when it
 /// does not answer.
 pub fn min_replicas_to_write(server: SocketAddr) -> Option<i64> {
-    match redis_cmd(server, &["CONFIG", "GET", "min-replicas-to-write"]).ok()? {
-        Reply::Array(kv) => kv.get(1)?.as_str()?.parse().ok(),
+    config_get(server, "min-replicas-to-write")?.parse().ok()
+}
+
+/// The value of one setting of a server (`CONFIG GET`), None when it does
+/// not answer or has no such setting.
+pub fn config_get(server: SocketAddr, name: &str) -> Option<String> {
+    match redis_cmd(server, &["CONFIG", "GET", name]).ok()? {
+        Reply::Array(kv) => Some(kv.get(1)?.as_str()?.to_owned()),
         _ => None,
     }
 }

@@ -285,6 +285,21 @@ impl InstanceOps {
         Ok(())
     }
 
+    /// Set back the replication settings a sync hold changed on `addr`
+    /// (`probe::hold`).
+    pub async fn release_sync_hold(
+        &self,
+        addr: &Addr,
+        flavour: Option<Flavour>,
+        restore: &[(String, String)],
+    ) -> Result<(), RespError> {
+        let mut c = self
+            .connect(addr, flavour.unwrap_or(Flavour::Redis))
+            .await?;
+        let t = self.client.command_timeout;
+        crate::probe::hold::release(&mut c, restore, t).await
+    }
+
     /// `REPLICAOF master` on `replica`.
     pub async fn repoint(
         &self,

@@ -527,6 +527,7 @@ async fn run(
         }
         if cadence_due {
             g.update_info_cadence(now);
+            g.update_sync_holds();
             cadence_due = false;
         }
     }

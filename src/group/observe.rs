@@ -63,6 +63,25 @@ pub(super) struct Instance {
     /// A restarted master still loading its data: judged against its
     /// replicas once it is done.
     pub(super) reboot_unjudged: bool,
+    /// Whether its probe holds full copies on reconnecting (the group's
+    /// master, Redis or Valkey; see `probe::hold`).
+    pub(super) sync_hold_armed: bool,
+    /// A hold its probe put on at a reconnect, until released.
+    pub(super) sync_hold: Option<SyncHold>,
+}
+
+/// A hold of full copies from an instance (`probe::hold`), put on by its
+/// probe at a reconnect and released by the group.
+#[derive(Debug, Clone)]
+pub(super) struct SyncHold {
+    /// When it was put on.
+    pub(super) at: Instant,
+    /// When the server lets the copies go on its own (and the group sets
+    /// its settings back whatever happened).
+    pub(super) until: Instant,
+    /// The server's own settings (None: another daemon's hold was found,
+    /// that daemon sets them back).
+    pub(super) restore: Option<Vec<(String, String)>>,
 }
 
 /// The INFO period of a master, of a replica out of place, and of every
@@ -334,6 +353,8 @@ impl Group {
                 rebooted_at: None,
                 identity_before: None,
                 reboot_unjudged: false,
+                sync_hold_armed: false,
+                sync_hold: None,
             }),
         );
         if *addr != self.master {
@@ -563,6 +584,17 @@ impl Group {
                     kill = true;
                 }
             }
+            ProbeEvent::SyncHeld { at, restore, .. } => {
+                metrics::counter!(m::SYNC_HOLDS, "group" => group.clone(), "result" => "held")
+                    .increment(1);
+                tracing::info!(group = %group, instance = %addr, own_settings = restore.is_some(), "reconnected to the master: full copies from it held until it is judged");
+                let until = at + sync_hold(self.cfg.down_after) + Duration::from_secs(1);
+                // A hold found on (another daemon's) is kept to be set back
+                // only if this daemon holds the server's own settings.
+                let restore = restore.or_else(|| inst.sync_hold.take().and_then(|h| h.restore));
+                inst.sync_hold = Some(SyncHold { at, until, restore });
+                return false;
+            }
             ProbeEvent::Unreachable {
                 error, cause, at, ..
             } => {
@@ -663,6 +695,7 @@ impl Group {
             self.on_sdown_transition(&addr, t);
         }
         self.judge_reboot(&addr, Instant::now());
+        self.review_sync_hold(&addr, Instant::now());
         if kill {
             self.kill_script(&addr);
         }
@@ -815,6 +848,85 @@ impl Group {
         }
     }
 
+    /// Release the sync hold on `addr` once it has been judged: at once
+    /// when its first INFO since shows no restart, or a restart with its
+    /// data (or when there is nothing to judge it against); after its
+    /// demotion when it came back with less (its replicas are re-pointed
+    /// first by the failover); whatever happened once the server let the
+    /// copies go on its own.
+    pub(super) fn review_sync_hold(&mut self, addr: &Addr, now: Instant) {
+        let Some(inst) = self.instances.get_mut(addr) else {
+            return;
+        };
+        let Some(h) = inst.sync_hold.as_ref() else {
+            return;
+        };
+        let read_since = inst.info_at.is_some_and(|t| t >= h.at);
+        let judged = read_since && !inst.reboot_unjudged;
+        let release = if now >= h.until {
+            true
+        } else if !judged {
+            false
+        } else if inst.sdown.rebooted() || *addr != self.master {
+            // Came back with less (or was failed over meanwhile): set
+            // back once it replicates from the new master.
+            *addr != self.master && inst.info.as_ref().is_some_and(|i| i.role == Role::Replica)
+        } else {
+            true
+        };
+        if !release {
+            return;
+        }
+        let Some(h) = inst.sync_hold.take() else {
+            return;
+        };
+        let Some(restore) = h.restore else {
+            return;
+        };
+        let flavour = inst.info.as_ref().map(|i| i.flavour);
+        let ops = self.ops.clone();
+        let target = addr.clone();
+        let group = self.label.clone();
+        self.effects.spawn(async move {
+            let result = ops.release_sync_hold(&target, flavour, &restore).await;
+            let outcome = match &result {
+                Ok(()) => {
+                    tracing::info!(group = %group, instance = %target, "sync hold released: the server's own replication settings are back");
+                    "released"
+                }
+                Err(e) => {
+                    tracing::warn!(group = %group, instance = %target, error = %e, settings = ?restore, "could not set the server's replication settings back after a sync hold");
+                    "refused"
+                }
+            };
+            metrics::counter!(m::SYNC_HOLDS, "group" => group, "result" => outcome).increment(1);
+            None
+        });
+    }
+
+    /// Arm the sync hold on the master's probe, and only there (Redis and
+    /// Valkey: Dragonfly has no such settings; not with
+    /// `flush_on_failover`, whose groups want an empty master anyway).
+    pub(super) fn update_sync_holds(&mut self) {
+        let hold = sync_hold(self.cfg.down_after);
+        let flush = self.cfg.flush_on_failover;
+        let master = self.master.clone();
+        for inst in self.instances.values_mut() {
+            let armed = !flush
+                && inst.addr == master
+                && inst
+                    .info
+                    .as_ref()
+                    .is_some_and(|i| i.flavour != crate::probe::Flavour::Dragonfly);
+            if armed != inst.sync_hold_armed {
+                if let Some(p) = inst.probe.as_ref() {
+                    p.set_sync_hold(armed.then_some(hold));
+                }
+                inst.sync_hold_armed = armed;
+            }
+        }
+    }
+
     fn on_sdown_transition(&mut self, addr: &Addr, t: Transition) {
         let detail = if *addr == self.master {
             match self.instances.get(addr).and_then(|i| i.sdown.reason()) {
@@ -879,6 +991,15 @@ impl Group {
         }
         for (a, t) in transitions {
             self.on_sdown_transition(&a, t);
+        }
+        let held: Vec<Addr> = self
+            .instances
+            .values()
+            .filter(|i| i.sync_hold.is_some())
+            .map(|i| i.addr.clone())
+            .collect();
+        for a in held {
+            self.review_sync_hold(&a, now);
         }
         self.update_master_role_down(now);
     }
@@ -972,6 +1093,14 @@ pub(super) fn reconnect_fast(down_after_refused: Duration) -> Duration {
 /// to it meanwhile, the demotion after the failover among them, wait.
 pub(super) fn reboot_pause(down_after: Duration) -> Duration {
     (down_after * 2).clamp(Duration::from_secs(2), Duration::from_secs(10))
+}
+
+/// How long a sync hold makes full copies wait (`probe::hold`): past the
+/// pause of a master judged to have come back with less, by a `down_after`
+/// for the failover to finish within; released long before by any other
+/// verdict.
+pub(super) fn sync_hold(down_after: Duration) -> Duration {
+    reboot_pause(down_after) + down_after
 }
 
 /// A pause longer than this between two runs of the group task is a stall

@@ -4,6 +4,7 @@
 //! every `info_period` (or at once when the group asks), and reports what
 //! it saw to the group's decision task. It decides nothing itself.
 
+pub mod hold;
 pub mod info;
 pub mod reboot;
 pub(crate) mod sdown;
@@ -52,6 +53,17 @@ pub enum ProbeEvent {
         /// The IP the connection reached: what the instance's name resolved
         /// to, so that the addresses servers report are matched to it.
         ip: Option<IpAddr>,
+    },
+    /// Reconnected to the group's master after losing it, the probe held
+    /// full copies from it (see [`hold`]) before reading its INFO.
+    SyncHeld {
+        /// The instance.
+        addr: Addr,
+        /// When the hold was put on.
+        at: Instant,
+        /// What to set back when the group releases it; None: nothing
+        /// (another daemon's hold was found).
+        restore: Option<Vec<(String, String)>>,
     },
     /// Connecting failed (or the connection broke).
     Unreachable {
@@ -107,6 +119,7 @@ impl ProbeEvent {
         match self {
             ProbeEvent::Ping { addr, .. }
             | ProbeEvent::Info { addr, .. }
+            | ProbeEvent::SyncHeld { addr, .. }
             | ProbeEvent::Unreachable { addr, .. } => addr,
         }
     }
@@ -156,6 +169,9 @@ struct Control {
     /// only written here: the group reads it when it runs, instead of
     /// being woken for each of a thousand PINGs a second.
     last_valid: AtomicU64,
+    /// How long a hold put on at a reconnect lasts, in milliseconds (0:
+    /// no hold; see [`hold`]): set by the group for its master.
+    sync_hold_ms: AtomicU64,
 }
 
 impl Control {
@@ -219,6 +235,18 @@ impl ProbeHandle {
         self.control.full_info_every_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// On reconnecting after losing the instance, hold full copies from
+    /// it for `hold` before anything else (None: do not). The group sets
+    /// it for its master (Redis, Valkey), so that a replica reconnecting
+    /// to a master restarted empty waits for the verdict instead of
+    /// copying nothing.
+    pub fn set_sync_hold(&self, hold: Option<Duration>) {
+        let ms = hold.map_or(0, |d| {
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+        });
+        self.control.sync_hold_ms.store(ms, Ordering::Relaxed);
+    }
+
     /// When the instance last gave a valid reply, as the probe saw it
     /// (newer than the last [`ProbeEvent::Ping`] when later PINGs found
     /// nothing new to report).
@@ -257,6 +285,7 @@ pub fn spawn(settings: ProbeSettings, tx: mpsc::Sender<Box<ProbeEvent>>) -> Prob
         info_period_ms: AtomicU64::new(0),
         full_info_every_ms: AtomicU64::new(0),
         last_valid: AtomicU64::new(0),
+        sync_hold_ms: AtomicU64::new(0),
     });
     origin();
     let period = settings.info_period;
@@ -295,6 +324,11 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
     // Connection attempts are never closer than `reconnect_fast`: a server
     // that accepts and closes at once (at `maxclients`) is not hammered.
     let mut last_attempt: Option<Instant> = None;
+    // The instance was lost (a connection broke or could not be made)
+    // since the last connection: the next one may reach a new process.
+    let mut lost = false;
+    // A hold the server refused was reported once, not at every reconnect.
+    let mut hold_warned = false;
     loop {
         if conn.is_none() {
             if let Some(t) = last_attempt {
@@ -308,7 +342,21 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
             // Boxed: the connect future (TCP, TLS, AUTH) is large, and
             // inline it made every probe's task that large for its life.
             match Box::pin(Connection::connect(&s.server, &s.client)).await {
-                Ok(c) => {
+                Ok(mut c) => {
+                    let hold_ms = ctl.sync_hold_ms.load(Ordering::Relaxed);
+                    if std::mem::take(&mut lost)
+                        && hold_ms > 0
+                        && !Box::pin(hold_on_return(
+                            &s,
+                            &mut c,
+                            Duration::from_millis(hold_ms),
+                            &tx,
+                            &mut hold_warned,
+                        ))
+                        .await
+                    {
+                        return;
+                    }
                     conn = Some(c);
                     reported_ok = false;
                     // A (re)connected instance is read at once: a returning
@@ -318,6 +366,7 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
                     next_ping = Instant::now();
                 }
                 Err(e) => {
+                    lost = true;
                     metrics::counter!(m::PROBE_ERRORS, "group" => s.group.clone(), m::SERVER_LABEL => s.server.clone(), "kind" => e.metric_label()).increment(1);
                     let cause = Failure::of(&e);
                     let now = Instant::now();
@@ -417,6 +466,7 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
                 metrics::counter!(m::PROBE_ERRORS, "group" => s.group.clone(), m::SERVER_LABEL => s.server.clone(), "kind" => e.metric_label()).increment(1);
                 if e.is_fatal_to_connection() {
                     conn = None;
+                    lost = true;
                     reported_ok = false;
                     let cause = Failure::of(&e);
                     let now = Instant::now();
@@ -436,6 +486,37 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
                     }
                 }
             }
+        }
+    }
+}
+
+/// Put the sync hold on the instance just reconnected to on `c` and tell
+/// the group what to set back; false when the group is gone. A server that
+/// refuses it (CONFIG renamed, an ACL without it) is probed as before: its
+/// replicas are then protected only by the pause that follows a verdict.
+async fn hold_on_return(
+    s: &ProbeSettings,
+    c: &mut Connection,
+    hold: Duration,
+    tx: &mpsc::Sender<Box<ProbeEvent>>,
+    warned: &mut bool,
+) -> bool {
+    match hold::apply(c, hold, s.ping_timeout).await {
+        Ok(held) => {
+            let ev = ProbeEvent::SyncHeld {
+                addr: s.addr.clone(),
+                at: Instant::now(),
+                restore: held.restore,
+            };
+            tx.send(Box::new(ev)).await.is_ok()
+        }
+        Err(e) => {
+            metrics::counter!(m::SYNC_HOLDS, "group" => s.group.clone(), "result" => "refused")
+                .increment(1);
+            if !std::mem::replace(warned, true) {
+                tracing::warn!(group = %s.group, instance = %s.addr, error = %e, "could not hold full copies from the master on reconnecting (a replica may copy a master restarted empty before the verdict)");
+            }
+            true
         }
     }
 }

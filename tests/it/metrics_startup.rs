@@ -36,6 +36,7 @@ const API_REASONS: &[&str] = &[
 const WRITE_RESULTS: &[&str] = &["ok", "stale", "transient", "permanent"];
 const PROBE_KINDS: &[&str] = &["refused", "connect", "timeout", "io", "closed"];
 const SDOWN_REASONS: &[&str] = &["silence", "refused", "reboot"];
+const SYNC_HOLD_RESULTS: &[&str] = &["held", "released", "refused"];
 
 /// One expected series: name, labels, and whether it must be 0 on a fresh
 /// daemon (counters of events that cannot have happened yet).
@@ -97,6 +98,13 @@ fn expected(groups: &[(&str, Vec<String>)], backends: &[&str], peer: &str) -> Ve
             out.push(series(
                 "picket_sdown_total",
                 &[("group", g), ("reason", r)],
+                true,
+            ));
+        }
+        for r in SYNC_HOLD_RESULTS {
+            out.push(series(
+                "picket_sync_holds_total",
+                &[("group", g), ("result", r)],
                 true,
             ));
         }
@@ -306,6 +314,7 @@ fn a_fresh_daemon_exports_every_series_the_rules_and_the_dashboard_read() {
                 let known: &[&str] = match k.as_str() {
                     "result" if n.starts_with("picket_failovers") => FAILOVER_RESULTS,
                     "result" if n.starts_with("picket_elections") => ELECTION_RESULTS,
+                    "result" if n.starts_with("picket_sync_holds") => SYNC_HOLD_RESULTS,
                     "result" => WRITE_RESULTS,
                     "reason" if n.starts_with("picket_sdown") => SDOWN_REASONS,
                     "reason" => API_REASONS,

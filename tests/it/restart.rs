@@ -209,6 +209,41 @@ fn a_master_restarted_empty_within_the_refusal_window_is_failed_over_for_its_reb
     for n in &s.cluster.nodes {
         assert!(n.count_event("+reboot") >= 1, "{}", n.logs());
     }
+    // The daemons held full copies from it as they reconnected, and set
+    // its own settings back once it was demoted.
+    assert_sync_hold_released(&s, "no");
+}
+
+/// Every daemon that reconnected to the restarted master held full copies
+/// from it (`picket_sync_holds_total{result="held"}`), and its own
+/// `repl-diskless-sync` (`own`) and delay (0, the harness's) are back.
+fn assert_sync_hold_released(s: &Setup, own: &str) {
+    let held: f64 = s
+        .cluster
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            metric_value(
+                &n.metrics().ok()?,
+                "picket_sync_holds_total",
+                &[("group", GROUP), ("result", "held")],
+            )
+        })
+        .sum();
+    assert!(
+        held >= 1.0,
+        "no daemon held full copies: {held}\n{}",
+        s.cluster.logs()
+    );
+    let server = s.topo.master.addr();
+    wait_for(
+        "the restarted server's own replication settings back",
+        Duration::from_secs(20),
+        || {
+            config_get(server, "repl-diskless-sync").as_deref() == Some(own)
+                && config_get(server, "repl-diskless-sync-delay").as_deref() == Some("0")
+        },
+    );
 }
 
 #[test]
@@ -259,6 +294,126 @@ fn a_clean_restart_with_its_data_is_no_failover_and_the_replicas_continue() {
         assert_eq!(n.master_addr(GROUP), Some(master), "{}", n.logs());
         assert_eq!(n.count_event("+switch-master"), 0, "{}", n.logs());
     }
+    // Held while it was judged, set back once it kept its data (Redis 7's
+    // own diskless mode, the harness's delay 0).
+    assert_sync_hold_released(&s, "yes");
+}
+
+/// The sync hold alone, without daemons (so without the pause that follows
+/// a verdict): a probe armed for it that reconnects to a master restarted
+/// empty holds the full copy a replica then asks for; the replica keeps its
+/// keys until the hold is released, and takes the (empty) copy only then.
+#[test]
+fn a_replica_asking_a_restarted_master_for_a_copy_waits_for_the_hold() {
+    use picket::addr::Addr;
+    use picket::probe::{self, ProbeEvent, ProbeSettings, hold};
+    use picket::resp::{ClientOptions, Connection};
+
+    let mut master =
+        RedisServer::start_fresh(RedisOpts::default().args(&["--repl-diskless-sync", "no"]));
+    let replica = RedisServer::start_fresh(RedisOpts::default());
+    replica.set_keys("k", 1000);
+    let m = master.addr();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Box<ProbeEvent>>(256);
+    let settings = ProbeSettings {
+        group: "hold".into(),
+        addr: Addr::new(m.ip().to_string(), m.port()),
+        server: m.to_string().into(),
+        ping_period: Duration::from_millis(100),
+        info_period: Duration::from_secs(1),
+        ping_timeout: Duration::from_secs(1),
+        client: ClientOptions::default(),
+        reconnect_fast: Duration::from_millis(20),
+        reconnect_fast_for: Duration::from_secs(5),
+    };
+    let probe = {
+        let _rt = rt.enter();
+        probe::spawn(settings, tx)
+    };
+    // A hold far longer than the test: only its release lets the copy go.
+    probe.set_sync_hold(Some(Duration::from_secs(60)));
+    // Connected (an INFO), then lost and back: a new, empty process.
+    let next = |rx: &mut tokio::sync::mpsc::Receiver<Box<ProbeEvent>>, want: &str| {
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    match rx.recv().await.map(|b| *b) {
+                        Some(ProbeEvent::Info { .. }) if want == "info" => return None,
+                        Some(ProbeEvent::SyncHeld { restore, .. }) if want == "held" => {
+                            return Some(restore);
+                        }
+                        Some(_) => {}
+                        None => panic!("the probe stopped"),
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("no {want} event within 10 s"))
+        })
+    };
+    next(&mut rx, "info");
+    master.kill9();
+    master.restart();
+    let restore = next(&mut rx, "held")
+        .expect("held event")
+        .expect("the server's own settings");
+    assert!(
+        restore.contains(&("repl-diskless-sync".to_owned(), "no".to_owned())),
+        "{restore:?}"
+    );
+    assert_eq!(config_get(m, "repl-diskless-sync").as_deref(), Some("yes"));
+    assert_eq!(
+        config_get(m, "repl-diskless-sync-delay").as_deref(),
+        Some("60")
+    );
+    // The replica asks the empty server for a copy, and waits for it.
+    let r = replica.addr();
+    assert!(
+        replica
+            .cmd(&["REPLICAOF", &m.ip().to_string(), &m.port().to_string()])
+            .unwrap()
+            .is_ok()
+    );
+    wait_for(
+        "the master to list the replica waiting",
+        Duration::from_secs(10),
+        || {
+            master
+                .info_field("replication", "slave0")
+                .is_some_and(|v| v.contains("state=wait_bgsave"))
+        },
+    );
+    // Over two of the server's replication cron runs, it stays so.
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_millis(2500) {
+        assert_eq!(
+            replica.dbsize(),
+            Some(1000),
+            "the replica {r} lost its keys while held"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Released: the copy (of nothing) goes through.
+    rt.block_on(async {
+        let mut c = Connection::connect(&m.to_string(), &ClientOptions::default())
+            .await
+            .unwrap();
+        hold::release(&mut c, &restore, Duration::from_secs(1))
+            .await
+            .unwrap();
+    });
+    assert_eq!(config_get(m, "repl-diskless-sync").as_deref(), Some("no"));
+    wait_for(
+        "the released copy to reach the replica",
+        Duration::from_secs(15),
+        || replica.dbsize() == Some(0) && replica_linked_to(&replica, m),
+    );
+    probe.stop();
 }
 
 #[test]
