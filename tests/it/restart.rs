@@ -299,53 +299,80 @@ fn a_clean_restart_with_its_data_is_no_failover_and_the_replicas_continue() {
     assert_sync_hold_released(&s, "yes");
 }
 
-/// The sync hold alone, without daemons (so without the pause that follows
-/// a verdict): a probe armed for it that reconnects to a master restarted
-/// empty holds the full copy a replica then asks for; the replica keeps its
-/// keys until the hold is released, and takes the (empty) copy only then.
-#[test]
-fn a_replica_asking_a_restarted_master_for_a_copy_waits_for_the_hold() {
-    use picket::addr::Addr;
-    use picket::probe::{self, ProbeEvent, ProbeSettings, hold};
-    use picket::resp::{ClientOptions, Connection};
+/// A probe of `server` armed for the sync hold (far longer than a test:
+/// only a release lets a held copy go), on a runtime of its own.
+struct ArmedProbe {
+    rt: tokio::runtime::Runtime,
+    rx: tokio::sync::mpsc::Receiver<Box<picket::probe::ProbeEvent>>,
+    probe: picket::probe::ProbeHandle,
+}
 
-    let mut master =
-        RedisServer::start_fresh(RedisOpts::default().args(&["--repl-diskless-sync", "no"]));
-    let replica = RedisServer::start_fresh(RedisOpts::default());
-    replica.set_keys("k", 1000);
-    let m = master.addr();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Box<ProbeEvent>>(256);
-    let settings = ProbeSettings {
-        group: "hold".into(),
-        addr: Addr::new(m.ip().to_string(), m.port()),
-        server: m.to_string().into(),
-        ping_period: Duration::from_millis(100),
-        info_period: Duration::from_secs(1),
-        ping_timeout: Duration::from_secs(1),
-        client: ClientOptions::default(),
-        reconnect_fast: Duration::from_millis(20),
-        reconnect_fast_for: Duration::from_secs(5),
-    };
-    let probe = {
-        let _rt = rt.enter();
-        probe::spawn(settings, tx)
-    };
-    // A hold far longer than the test: only its release lets the copy go.
-    probe.set_sync_hold(Some(Duration::from_secs(60)));
-    // Connected (an INFO), then lost and back: a new, empty process.
-    let next = |rx: &mut tokio::sync::mpsc::Receiver<Box<ProbeEvent>>, want: &str| {
-        rt.block_on(async {
+/// What [`ArmedProbe::next`] saw.
+#[derive(Default)]
+struct Seen {
+    /// A hold was reported.
+    held: bool,
+    /// What the hold keeps to set back.
+    restore: Option<Vec<(String, String)>>,
+    /// The `run_id` of the INFO waited for.
+    run_id: Option<String>,
+}
+
+/// What [`ArmedProbe::next`] waits for.
+#[derive(PartialEq)]
+enum Want {
+    Info,
+    Held,
+}
+
+impl ArmedProbe {
+    fn start(server: SocketAddr) -> ArmedProbe {
+        use picket::addr::Addr;
+        use picket::probe::{self, ProbeSettings};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        let settings = ProbeSettings {
+            group: "hold".into(),
+            addr: Addr::new(server.ip().to_string(), server.port()),
+            server: server.to_string().into(),
+            ping_period: Duration::from_millis(100),
+            info_period: Duration::from_secs(1),
+            ping_timeout: Duration::from_secs(1),
+            client: picket::resp::ClientOptions::default(),
+            reconnect_fast: Duration::from_millis(20),
+            reconnect_fast_for: Duration::from_secs(5),
+        };
+        let probe = {
+            let _rt = rt.enter();
+            probe::spawn(settings, tx)
+        };
+        probe.set_sync_hold(Some(Duration::from_secs(60)));
+        ArmedProbe { rt, rx, probe }
+    }
+
+    /// The next INFO or the next hold, skipping everything else.
+    fn next(&mut self, want: Want) -> Seen {
+        use picket::probe::ProbeEvent;
+        let rx = &mut self.rx;
+        self.rt.block_on(async {
             tokio::time::timeout(Duration::from_secs(10), async {
+                let mut seen = Seen::default();
                 loop {
                     match rx.recv().await.map(|b| *b) {
-                        Some(ProbeEvent::Info { .. }) if want == "info" => return None,
-                        Some(ProbeEvent::SyncHeld { restore, .. }) if want == "held" => {
-                            return Some(restore);
+                        Some(ProbeEvent::Info { info, .. }) if want == Want::Info => {
+                            seen.run_id = info.run_id;
+                            return seen;
+                        }
+                        Some(ProbeEvent::SyncHeld { restore, .. }) => {
+                            seen.held = true;
+                            seen.restore = restore;
+                            if want == Want::Held {
+                                return seen;
+                            }
                         }
                         Some(_) => {}
                         None => panic!("the probe stopped"),
@@ -353,14 +380,33 @@ fn a_replica_asking_a_restarted_master_for_a_copy_waits_for_the_hold() {
                 }
             })
             .await
-            .unwrap_or_else(|_| panic!("no {want} event within 10 s"))
+            .expect("the event within 10 s")
         })
-    };
-    next(&mut rx, "info");
+    }
+}
+
+/// The sync hold alone, without daemons (so without the pause that follows
+/// a verdict): a probe armed for it that reconnects to a master restarted
+/// empty holds the full copy a replica then asks for; the replica keeps its
+/// keys until the hold is released, and takes the (empty) copy only then.
+#[test]
+fn a_replica_asking_a_restarted_master_for_a_copy_waits_for_the_hold() {
+    use picket::probe::hold;
+    use picket::resp::{ClientOptions, Connection};
+
+    let mut master =
+        RedisServer::start_fresh(RedisOpts::default().args(&["--repl-diskless-sync", "no"]));
+    let replica = RedisServer::start_fresh(RedisOpts::default());
+    replica.set_keys("k", 1000);
+    let m = master.addr();
+    let mut p = ArmedProbe::start(m);
+    // Connected (an INFO), then lost and back: a new, empty process.
+    p.next(Want::Info);
     master.kill9();
     master.restart();
-    let restore = next(&mut rx, "held")
-        .expect("held event")
+    let restore = p
+        .next(Want::Held)
+        .restore
         .expect("the server's own settings");
     assert!(
         restore.contains(&("repl-diskless-sync".to_owned(), "no".to_owned())),
@@ -399,7 +445,7 @@ fn a_replica_asking_a_restarted_master_for_a_copy_waits_for_the_hold() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // Released: the copy (of nothing) goes through.
-    rt.block_on(async {
+    p.rt.block_on(async {
         let mut c = Connection::connect(&m.to_string(), &ClientOptions::default())
             .await
             .unwrap();
@@ -413,7 +459,36 @@ fn a_replica_asking_a_restarted_master_for_a_copy_waits_for_the_hold() {
         Duration::from_secs(15),
         || replica.dbsize() == Some(0) && replica_linked_to(&replica, m),
     );
-    probe.stop();
+    p.probe.stop();
+}
+
+/// A server that refuses the hold (`CONFIG` renamed away) is probed as
+/// before: no hold, and its INFO is read on the new connection at once.
+#[test]
+fn a_server_that_refuses_the_sync_hold_is_probed_as_before() {
+    let mut master =
+        RedisServer::start_fresh(RedisOpts::default().args(&["--rename-command", "CONFIG", ""]));
+    let mut p = ArmedProbe::start(master.addr());
+    let before = p.next(Want::Info).run_id.expect("a run_id");
+    master.kill9();
+    master.restart();
+    // The first INFO of the new process (older ones may be queued).
+    let mut after = p.next(Want::Info);
+    let mut reads = 0;
+    while after.run_id.as_deref() == Some(before.as_str()) && reads < 20 {
+        after = p.next(Want::Info);
+        reads += 1;
+    }
+    assert_ne!(
+        after.run_id.as_deref(),
+        Some(before.as_str()),
+        "no INFO of the restarted server"
+    );
+    assert!(
+        !after.held,
+        "a hold was reported on a server without CONFIG"
+    );
+    p.probe.stop();
 }
 
 #[test]
