@@ -138,29 +138,50 @@ pub async fn apply(
     }
     let restore = to_restore(&found, secs);
     if restore.is_some() {
-        for (name, value) in hold_values(&found, secs) {
-            c.call_timeout(["CONFIG", "SET", name.as_str(), value.as_str()], timeout)
-                .await
-                .map_err(HoldError::Command)?;
-        }
+        set(c, &hold_values(&found, secs), timeout)
+            .await
+            .map_err(HoldError::Command)?;
     }
     Ok(Held { restore })
 }
 
-/// Set back what a hold changed (the pairs [`Held::restore`] kept): the
-/// switch back to the server's own mode last, once its delay is its own.
+/// Set `pairs` in one `CONFIG SET` (atomic since Redis 7: another daemon's
+/// `CONFIG GET` never sees half a hold and takes it for the server's own
+/// settings), or, on a server that takes one setting per command, one by
+/// one in [`SETTINGS`]' order.
+async fn set(
+    c: &mut Connection,
+    pairs: &[(String, String)],
+    timeout: Duration,
+) -> Result<(), RespError> {
+    let mut args = vec!["CONFIG", "SET"];
+    for (n, v) in pairs {
+        args.extend([n.as_str(), v.as_str()]);
+    }
+    match c.call_timeout(&args, timeout).await {
+        Ok(_) => Ok(()),
+        Err(RespError::Server(_)) if pairs.len() > 1 => {
+            for name in SETTINGS {
+                if let Some((n, v)) = pairs.iter().find(|(n, _)| n == name) {
+                    c.call_timeout(["CONFIG", "SET", n.as_str(), v.as_str()], timeout)
+                        .await?;
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Set back what a hold changed (the pairs [`Held::restore`] kept); one
+/// by one (before Redis 7), the switch back to the server's own mode comes
+/// last, once its delay is its own.
 pub async fn release(
     c: &mut Connection,
     restore: &[(String, String)],
     timeout: Duration,
 ) -> Result<(), RespError> {
-    for name in SETTINGS {
-        if let Some((n, v)) = restore.iter().find(|(n, _)| n == name) {
-            c.call_timeout(["CONFIG", "SET", n.as_str(), v.as_str()], timeout)
-                .await?;
-        }
-    }
-    Ok(())
+    set(c, restore, timeout).await
 }
 
 #[cfg(test)]
