@@ -484,7 +484,8 @@ pub struct TargetCheck {
     pub measured: String,
 }
 
-/// Check picket's figures against the targets of DESIGN.md.
+/// Check picket's figures against the targets of docs/benchmarks.md
+/// ("The targets").
 pub fn check_targets(
     failover: &[(u64, &[FailoverRun])],
     switchover: &[SwitchoverRun],
@@ -597,7 +598,7 @@ pub fn check_targets(
 
 /// The target checks as text.
 pub fn targets_table(checks: &[TargetCheck]) -> String {
-    let mut t = String::from("\nTargets (docs: DESIGN.md, Performance targets)\n");
+    let mut t = String::from("\nTargets (docs/benchmarks.md, The targets)\n");
     for c in checks {
         let _ = writeln!(
             t,
