@@ -848,12 +848,8 @@ impl Group {
         }
     }
 
-    /// Release the sync hold on `addr` once it has been judged: at once
-    /// when its first INFO since shows no restart, or a restart with its
-    /// data (or when there is nothing to judge it against); after its
-    /// demotion when it came back with less (its replicas are re-pointed
-    /// first by the failover); whatever happened once the server let the
-    /// copies go on its own.
+    /// Release the sync hold on `addr` when `probe::hold::release_due`
+    /// says so: set its settings back (if this daemon found them).
     pub(super) fn review_sync_hold(&mut self, addr: &Addr, now: Instant) {
         let Some(inst) = self.instances.get_mut(addr) else {
             return;
@@ -861,19 +857,16 @@ impl Group {
         let Some(h) = inst.sync_hold.as_ref() else {
             return;
         };
-        let read_since = inst.info_at.is_some_and(|t| t >= h.at);
-        let judged = read_since && !inst.reboot_unjudged;
-        let release = if now >= h.until {
-            true
-        } else if !judged {
-            false
-        } else if inst.sdown.rebooted() || *addr != self.master {
-            // Came back with less (or was failed over meanwhile): set
-            // back once it replicates from the new master.
-            *addr != self.master && inst.info.as_ref().is_some_and(|i| i.role == Role::Replica)
-        } else {
-            true
+        let standing = probe::hold::Standing {
+            held_at: h.at,
+            until: h.until,
+            info_at: inst.info_at,
+            unjudged: inst.reboot_unjudged,
+            behind: inst.sdown.rebooted(),
+            is_master: *addr == self.master,
+            role: inst.info.as_ref().map(|i| i.role),
         };
+        let release = probe::hold::release_due(&standing, now);
         if !release {
             return;
         }

@@ -36,7 +36,9 @@
 use std::time::Duration;
 
 use redis_protocol::resp2::types::BytesFrame;
+use tokio::time::Instant;
 
+use super::info::Role;
 use crate::resp::{Connection, RespError, frame_text};
 
 /// The settings the hold changes, in the order they are set: the delay
@@ -184,9 +186,115 @@ pub async fn release(
     set(c, restore, timeout).await
 }
 
+/// What the group knows of a server it holds, for [`release_due`].
+#[derive(Debug, Clone, Copy)]
+pub struct Standing {
+    /// When the hold was put on.
+    pub held_at: Instant,
+    /// When the server lets the copies go on its own.
+    pub until: Instant,
+    /// When its INFO was last read.
+    pub info_at: Option<Instant>,
+    /// A restart was seen and is still to be judged (it is loading).
+    pub unjudged: bool,
+    /// It was judged to have come back with less than its replicas.
+    pub behind: bool,
+    /// It is the group's master.
+    pub is_master: bool,
+    /// The role its last INFO reported.
+    pub role: Option<Role>,
+}
+
+/// Whether the hold on a server is to be released at `now`: once an INFO
+/// read since the hold has judged it, at once if it did not restart or
+/// kept its data; if it came back with less (or was failed over
+/// meanwhile), only once it is a replica of the new master (its own
+/// replicas re-pointed first, by the failover); in any case once the
+/// server lets the copies go on its own.
+pub fn release_due(s: &Standing, now: Instant) -> bool {
+    if now >= s.until {
+        return true;
+    }
+    let judged = s.info_at.is_some_and(|t| t >= s.held_at) && !s.unjudged;
+    if !judged {
+        return false;
+    }
+    if s.behind || !s.is_master {
+        return !s.is_master && s.role == Some(Role::Replica);
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn standing(now: Instant) -> Standing {
+        Standing {
+            held_at: now,
+            until: now + Duration::from_secs(3),
+            info_at: None,
+            unjudged: false,
+            behind: false,
+            is_master: true,
+            role: Some(Role::Master),
+        }
+    }
+
+    #[test]
+    fn a_server_that_did_not_restart_or_kept_its_data_is_released_at_its_first_info() {
+        let t0 = Instant::now();
+        let mut s = standing(t0);
+        // Nothing read since the hold: kept (an INFO from before does not
+        // count).
+        s.info_at = Some(t0 - Duration::from_millis(1));
+        assert!(!release_due(&s, t0 + Duration::from_millis(5)));
+        s.info_at = Some(t0 + Duration::from_millis(2));
+        assert!(release_due(&s, t0 + Duration::from_millis(5)));
+    }
+
+    #[test]
+    fn a_loading_server_is_released_once_judged() {
+        let t0 = Instant::now();
+        let mut s = standing(t0);
+        s.info_at = Some(t0 + Duration::from_millis(2));
+        s.unjudged = true;
+        assert!(!release_due(&s, t0 + Duration::from_secs(1)));
+        s.unjudged = false;
+        assert!(release_due(&s, t0 + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_server_back_with_less_is_released_once_it_is_a_replica_of_the_new_master() {
+        let t0 = Instant::now();
+        let mut s = standing(t0);
+        s.info_at = Some(t0 + Duration::from_millis(2));
+        s.behind = true;
+        let t = t0 + Duration::from_millis(500);
+        assert!(!release_due(&s, t), "still the master: its replicas wait");
+        // Failed over, not yet demoted.
+        s.is_master = false;
+        assert!(!release_due(&s, t));
+        s.role = Some(Role::Replica);
+        assert!(release_due(&s, t));
+        // A failover for another reason meanwhile: the same.
+        s.behind = false;
+        s.role = Some(Role::Master);
+        assert!(!release_due(&s, t));
+    }
+
+    #[test]
+    fn every_hold_is_released_when_the_server_would_let_the_copies_go() {
+        let t0 = Instant::now();
+        let mut s = standing(t0);
+        s.info_at = Some(t0 + Duration::from_millis(2));
+        s.behind = true;
+        assert!(!release_due(&s, s.until - Duration::from_millis(1)));
+        assert!(release_due(&s, s.until));
+        // Not even read since: released all the same.
+        s.info_at = None;
+        assert!(release_due(&s, s.until));
+    }
 
     fn kv(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
