@@ -61,7 +61,7 @@ impl Group {
                 // against it (`+reboot`).
                 i.identity_before = i.info.take().zip(i.info_at);
                 i.info_at = None;
-                i.role_changed_at = Some(Instant::now());
+                i.role_changed_at = Some(self.now);
             }
             if let Some(from) = from {
                 self.emit(
@@ -84,7 +84,7 @@ impl Group {
         self.election.on_master_changed(epoch);
         self.master_role_down = false;
         if old != master {
-            self.master_since = Instant::now();
+            self.master_since = self.now;
             self.refresh_info(&master);
         }
         metrics::gauge!(m::MASTER_ODOWN, "group" => self.label.clone()).set(0.0);
@@ -234,7 +234,7 @@ impl Group {
         if !self.reports_master_now(&self.master) {
             return;
         }
-        let now = Instant::now();
+        let now = self.now;
         let republish = self.published_epoch == Some(self.config_epoch);
         if republish {
             // Called at every INFO of the group: compared in place, not
@@ -356,7 +356,7 @@ impl Group {
             tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, "a newer config exists; abandoning this failover");
         }
         let actions = self.election.abandon();
-        self.run_election_actions(Instant::now(), actions);
+        self.run_election_actions(self.now, actions);
         let old = self.master.clone();
         self.adopt_master(
             group.master,

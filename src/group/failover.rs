@@ -176,12 +176,12 @@ impl Group {
                     && target.is_reported_as(target_ip, i.master_host.as_deref(), i.master_port)
             });
         if synced {
-            self.machine_input(Instant::now(), Input::ReplicaSynced(addr.clone()));
+            self.machine_input(self.now, Input::ReplicaSynced(addr.clone()));
         }
     }
 
     fn finish_failover(&mut self, outcome: Outcome) {
-        let now = Instant::now();
+        let now = self.now;
         let Some(run) = self.failover.take() else {
             return;
         };

@@ -318,7 +318,7 @@ impl Group {
             // once it reports role:slave.
             a.cleared.remove(&master);
         }
-        let now = Instant::now();
+        let now = self.now;
         self.isolation_decide(now);
         self.isolation_apply(now, true);
     }
@@ -530,7 +530,7 @@ impl Group {
     /// The fence for `/v1/status` (None without fencing).
     pub(super) fn isolation_view(&self) -> Option<IsolationFenceView> {
         let cfg = self.isolation.cfg.as_ref()?;
-        let now = Instant::now();
+        let now = self.now;
         let target = self.isolation.target.unwrap_or(cfg.min_replicas);
         let a = self.isolation.applied();
         let (in_force, confirmed_on, confirmed_ms) = match &a.confirmed {

@@ -158,7 +158,7 @@ impl Group {
     /// not (ids are learnt from hellos, which a daemon that has just
     /// started has not had yet: all three then ranked themselves first).
     pub(super) fn rank(&self) -> usize {
-        let now = Instant::now();
+        let now = self.now;
         let me = self.ctx.announce.as_str();
         self.peer_rx
             .borrow()

@@ -188,6 +188,10 @@ struct Group {
     last_failover: Option<LastFailover>,
     /// When the task last ran anything, to notice stalls of the process.
     run_clock: RunClock,
+    /// The time of the current step: read by the driver loop when the
+    /// task wakes (a message, a report, a timer) and the only clock the
+    /// group's decisions read, so that a step sees one instant throughout.
+    now: Instant,
     last_export: Instant,
     published_epoch: Option<u64>,
     /// The current config is served from memory only: persisting it failed.
@@ -331,6 +335,7 @@ pub fn spawn(
             observe::stall_threshold(tick_period(&cfg), cfg.down_after),
         ),
         last_export: now,
+        now,
         published_epoch: None,
         config_unpersisted: false,
         config_persisting: false,
@@ -438,6 +443,7 @@ async fn run(
     // Whether the INFO cadences must be looked at again: not after a PING
     // that changed nothing, by far the most frequent message.
     let mut cadence_due = true;
+    g.now = Instant::now();
     g.sync_liveness();
     loop {
         let mut wake = g.next_wake(next_tick);
@@ -462,6 +468,7 @@ async fn run(
             }
             _ = &mut sleep => Woken::Timer,
         };
+        g.now = Instant::now();
         // Valid PINGs that changed nothing are stamped by the probes, not
         // sent: take them in before anything is decided (an SDOWN
         // deadline that woke the task may have been met meanwhile).
@@ -471,7 +478,7 @@ async fn run(
                 let info = matches!(*ev, ProbeEvent::Info { .. });
                 cadence_due |= g.on_probe(*ev);
                 if info {
-                    g.try_pending_switchover(Instant::now());
+                    g.try_pending_switchover(g.now);
                 }
             }
             Woken::Msg(msg) => {
@@ -485,8 +492,8 @@ async fn run(
                 g.dirty = true;
             }
             Woken::Peers => {
-                g.check_peer_configs(Instant::now());
-                g.on_peer_sdown_hellos(Instant::now());
+                g.check_peer_configs(g.now);
+                g.on_peer_sdown_hellos(g.now);
                 cadence_due = true;
                 g.dirty = true;
             }
@@ -545,7 +552,7 @@ impl Group {
     }
 
     fn on_msg(&mut self, msg: GroupMsg) {
-        let now = Instant::now();
+        let now = self.now;
         self.notice_stall(now);
         match msg {
             GroupMsg::IsDown { query, reply } => self.answer_is_down(now, query, reply),
@@ -587,7 +594,7 @@ impl Group {
     }
 
     fn on_internal(&mut self, msg: Internal) {
-        let now = Instant::now();
+        let now = self.now;
         self.notice_stall(now);
         match msg {
             Internal::Answer {
@@ -655,7 +662,7 @@ impl Group {
     /// an instance's SDOWN deadline (so that SDOWN is seen when it is due,
     /// not at the next tick), or the end of the pre-election delay.
     fn next_wake(&self, next_tick: Instant) -> Instant {
-        let now = Instant::now();
+        let now = self.now;
         self.instances
             .values()
             .filter_map(|i| i.sdown.deadline())
@@ -672,7 +679,7 @@ impl Group {
     /// election), and the tick is only a safety net.
     fn tick_period_now(&self) -> Duration {
         let tick = tick_period(&self.cfg);
-        let now = Instant::now();
+        let now = self.now;
         let active = self.failover.is_some()
             || self.pending_switchover.is_some()
             || self.election.busy()
@@ -690,7 +697,7 @@ impl Group {
     }
 
     fn on_tick(&mut self) {
-        let now = Instant::now();
+        let now = self.now;
         self.notice_stall(now);
         self.try_pending_switchover(now);
         self.observe_tick(now);

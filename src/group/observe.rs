@@ -321,7 +321,7 @@ impl Group {
                 .max(Duration::from_secs(2)),
         };
         let probe = probe::spawn(settings, self.probe_tx.clone());
-        let now = Instant::now();
+        let now = self.now;
         // Up until SDOWN says otherwise, as in the view; without this the
         // gauge would only appear at the first +sdown.
         let up_gauge = metrics::gauge!(m::INSTANCE_UP, "group" => self.label.clone(), m::SERVER_LABEL => server.clone());
@@ -487,7 +487,7 @@ impl Group {
     /// This daemon sees the master down: SDOWN (and not a busy script
     /// being killed, [`Instance::busy_hold`]), or `role:slave` too long.
     pub(super) fn master_sdown(&self) -> bool {
-        let now = Instant::now();
+        let now = self.now;
         self.master_role_down
             || self
                 .instances
@@ -524,7 +524,7 @@ impl Group {
     /// found the instance as it was, the most frequent report by far,
     /// changes nothing and costs only the look-up).
     pub(super) fn on_probe(&mut self, ev: ProbeEvent) -> bool {
-        self.notice_stall(Instant::now());
+        self.notice_stall(self.now);
         let addr = ev.addr().clone();
         let is_master = addr == self.master;
         let group = &self.label;
@@ -694,8 +694,8 @@ impl Group {
         if let Some(t) = transition {
             self.on_sdown_transition(&addr, t);
         }
-        self.judge_reboot(&addr, Instant::now());
-        self.review_sync_hold(&addr, Instant::now());
+        self.judge_reboot(&addr, self.now);
+        self.review_sync_hold(&addr, self.now);
         if kill {
             self.kill_script(&addr);
         }
@@ -710,7 +710,7 @@ impl Group {
         }
         // React at once to what INFO showed (a returning old master must be
         // demoted within the second it answers).
-        self.check_topology(Instant::now());
+        self.check_topology(self.now);
         self.feed_reconfiguration(&addr);
         true
     }

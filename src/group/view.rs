@@ -439,7 +439,7 @@ pub(super) fn unix_now() -> u64 {
 impl Group {
     /// Build the view from the task's state and publish it.
     pub(super) fn publish_view(&self) {
-        let now = Instant::now();
+        let now = self.now;
         let no_info = InfoSnapshot::default();
         let since = |t: Option<Instant>| t.map(|t| ms(now.saturating_duration_since(t)));
         let mut instances: Vec<InstanceView> = self
