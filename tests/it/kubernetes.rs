@@ -218,7 +218,8 @@ async fn pod_labels_fence_then_publish_in_gated_order() {
         list.query
             .as_deref()
             .unwrap()
-            .starts_with("labelSelector=app%3Dcache"),
+            .split('&')
+            .any(|p| p == "labelSelector=app%3Dcache"),
         "{list:?}"
     );
 
@@ -1614,7 +1615,7 @@ fn the_deployment_parses_its_role_is_the_documented_one_and_its_config_validates
             {"apiGroups": [""], "resources": ["pods"],
              "verbs": ["get", "list", "watch", "patch"]},
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-             "verbs": ["get", "list", "create", "patch"]},
+             "verbs": ["get", "list", "watch", "create", "patch"]},
         ])
     );
     let binding = the(&docs, "RoleBinding", "picket");

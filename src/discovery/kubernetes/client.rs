@@ -48,7 +48,9 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service};
 
-use super::kubeconfig::{ClientIdentity, ClusterConfig, CredentialError, Credentials};
+use super::kubeconfig::{
+    AuthMaterial, ClientIdentity, ClusterConfig, CredentialError, Credentials,
+};
 use crate::discovery::DiscoveryError;
 
 /// How long and how often one call may be retried.
@@ -420,8 +422,13 @@ impl KubeClient {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let client = self.kube_client().await?;
-            let err = match tokio::time::timeout(self.inner.timeout, op(client)).await {
+            // The credential chooses the client (an exec plugin's client
+            // certificate) and is the one the request carries: fetched
+            // once (an expired exec credential runs the plugin once).
+            let auth = self.inner.creds.current().await?;
+            let client = self.client_for(auth.identity.as_ref())?;
+            let request = FETCHED.scope(auth, op(client));
+            let err = match tokio::time::timeout(self.inner.timeout, request).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) => e,
                 Err(_) => kube::Error::Service(Box::new(TimedOut(self.inner.timeout))),
@@ -575,6 +582,14 @@ fn named<K: kube::Resource>(obj: K, name: Option<&str>) -> kube::Result<K> {
     Err(kube::Error::Service(Box::new(WrongShape(wrong))))
 }
 
+tokio::task_local! {
+    /// The credential [`KubeClient::call`] fetched for its request, for
+    /// [`Authorize`] to use instead of fetching it again (the layer's
+    /// future is polled by the caller's task; without it, as for a
+    /// watcher's requests, the layer fetches the credential itself).
+    static FETCHED: AuthMaterial;
+}
+
 /// A 2xx answer that decoded but is not the object asked for.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -648,7 +663,11 @@ where
         let creds = self.creds.clone();
         let server = self.server.clone();
         Box::pin(async move {
-            if let Some(token) = creds.current().await?.token {
+            let auth = match FETCHED.try_with(Clone::clone) {
+                Ok(auth) => auth,
+                Err(_) => creds.current().await?,
+            };
+            if let Some(token) = auth.token {
                 let mut v =
                     HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
                         CredentialError::TokenFile {
