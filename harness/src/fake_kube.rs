@@ -450,6 +450,10 @@ impl FakeKube {
                     let Ok((tcp, _)) = accepted else {
                         continue;
                     };
+                    // As kube-apiserver's connections (Go sets TCP_NODELAY
+                    // on every TCP connection): a watch event is sent at
+                    // once, not held back until the previous one is acked.
+                    let _ = tcp.set_nodelay(true);
                     let acceptor = acceptor.clone();
                     let st = st.clone();
                     let mut conn_rx = rx.clone();
