@@ -1462,6 +1462,20 @@ async fn pod_labels_fence_and_publish_wait_for_the_service() {
         );
         let gone_at = fake.slice_history().last().unwrap().at;
         assert!(gone_at <= std::time::Instant::now());
+        // The wait watches the slices: one LIST, then (the controller not
+        // done yet: surely so with the long lag) one WATCH from its
+        // version that shows the change; no polling.
+        let slice_reads: Vec<LoggedRequest> = fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.ends_with("/endpointslices"))
+            .collect();
+        let watches = slice_reads.iter().filter(|r| r.is_watch()).count();
+        let lists = slice_reads.len() - watches;
+        assert!(
+            lists == 1 && watches <= 1 && (lag < Duration::from_millis(100) || watches == 1),
+            "lag {lag:?}: {slice_reads:#?}"
+        );
 
         b.publish(&topo(2, "10.0.0.2:6379", Some("10.0.0.1:6379")))
             .await
