@@ -1556,6 +1556,36 @@ async fn pod_labels_gate_times_out_on_a_stuck_controller() {
     assert_eq!(service_lists(&fake), vec!["10.0.0.2"]);
 }
 
+/// A Role without endpointslices `watch` (written for an earlier picket):
+/// the gate fails at once with the API server's 403, naming the verb and
+/// the RBAC table, rather than waiting out its timeout.
+#[tokio::test]
+async fn pod_labels_gate_without_the_watch_verb_is_a_clear_permanent_error() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    with_master_service(&fake).await;
+    fake.deny(DEFAULT_TOKEN, "watch", "endpointslices");
+    fake.set_controller_lag(Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let b = gated_backend(&fake, dir.path(), Duration::from_secs(5));
+    let t0 = std::time::Instant::now();
+    let e = b.fence(&fence(2, "10.0.0.1:6379")).await.unwrap_err();
+    assert_permanent(
+        &e,
+        &[
+            "403 Forbidden",
+            "RBAC",
+            "cannot watch",
+            "in the namespace \"cache\"",
+        ],
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(
+        b.service_gate().unwrap().fence.unwrap().result,
+        GateResult::Error
+    );
+}
+
 // ---- deploy/kubernetes: the deployment a Dragonfly user applies ----
 
 /// Every YAML document of `deploy/kubernetes/<file>`, parsed.
