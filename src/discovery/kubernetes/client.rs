@@ -299,14 +299,6 @@ impl KubeClient {
     /// Fails when the CA or client certificate cannot be used, so that a
     /// bad configuration shows at start-up rather than at the first failover.
     pub fn new(cluster: ClusterConfig, timeout: Duration) -> Result<Self, ClientError> {
-        Self::with_policy(cluster, timeout, RetryPolicy::default())
-    }
-
-    fn with_policy(
-        cluster: ClusterConfig,
-        timeout: Duration,
-        retry: RetryPolicy,
-    ) -> Result<Self, ClientError> {
         let creds = Arc::new(Credentials::new(&cluster));
         let identity = cluster.client_identity.as_ref();
         let base = build(&cluster, identity, &creds, timeout, None)?;
@@ -316,7 +308,7 @@ impl KubeClient {
                 creds,
                 cluster,
                 timeout,
-                retry,
+                retry: RetryPolicy::default(),
                 base,
                 exec: Mutex::new(None),
             }),
@@ -330,11 +322,18 @@ impl KubeClient {
                 i.retry = retry;
                 KubeClient { inner: Arc::new(i) }
             }
-            Err(shared) => {
-                let cluster = shared.cluster.clone();
-                Self::with_policy(cluster, shared.timeout, retry)
-                    .unwrap_or(KubeClient { inner: shared })
-            }
+            // Shared: the same connections and credentials, another policy.
+            Err(shared) => KubeClient {
+                inner: Arc::new(Inner {
+                    server: shared.server.clone(),
+                    cluster: shared.cluster.clone(),
+                    creds: shared.creds.clone(),
+                    timeout: shared.timeout,
+                    retry,
+                    base: shared.base.clone(),
+                    exec: Mutex::new(None),
+                }),
+            },
         }
     }
 
