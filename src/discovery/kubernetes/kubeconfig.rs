@@ -61,23 +61,6 @@ pub struct ClientIdentity {
     pub key_pem: Vec<u8>,
 }
 
-impl ClientIdentity {
-    /// Certificate and key in one PEM buffer, with the newline between the
-    /// two that a missing trailing newline would otherwise swallow (the
-    /// result would not parse).
-    pub fn combined_pem(&self) -> Vec<u8> {
-        let mut out = self.cert_pem.clone();
-        if out.last() != Some(&b'\n') {
-            out.push(b'\n');
-        }
-        out.extend_from_slice(&self.key_pem);
-        if out.last() != Some(&b'\n') {
-            out.push(b'\n');
-        }
-        out
-    }
-}
-
 impl fmt::Debug for ClientIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientIdentity")
@@ -1179,7 +1162,6 @@ contexts:
         let id = c.client_identity.clone().unwrap();
         assert_eq!(id.cert_pem, b"CERT FROM FILE");
         assert_eq!(id.key_pem, b"KEY FROM DATA", "-data wins over the path");
-        assert_eq!(id.combined_pem(), b"CERT FROM FILE\nKEY FROM DATA\n");
         assert_eq!(c.auth, AuthConfig::None);
         // The key never shows in debug output.
         let dbg = format!("{c:?}");

@@ -40,7 +40,6 @@ pub struct KubernetesBackend {
     mode: Mode,
     required: bool,
     name: String,
-    client: KubeClient,
     /// pod-labels with `skip_service_gate`: the fence is not verified.
     gate_skipped: bool,
 }
@@ -160,13 +159,7 @@ impl KubernetesBackend {
             gate_skipped,
             mode,
             required: cfg.required,
-            client,
         })
-    }
-
-    /// The client, for callers that need to read from the cluster too.
-    pub fn client(&self) -> &KubeClient {
-        &self.client
     }
 }
 
