@@ -1000,28 +1000,13 @@ pub fn decode_exec_credential(
     Ok((AuthMaterial { token, identity }, expires))
 }
 
-/// RFC 3339 with `Z` or a numeric offset (`+02:00`).
+/// RFC 3339 with `Z` or a numeric offset (`+02:00`), as the exec
+/// credential's `expirationTimestamp` is (chrono, k8s-openapi's own time
+/// crate).
 pub(crate) fn parse_timestamp(ts: &str) -> Option<SystemTime> {
-    if ts.ends_with('Z') || ts.ends_with('z') {
-        return humantime::parse_rfc3339(&ts.replace('z', "Z")).ok();
-    }
-    // The offset is the last 6 bytes; in text that is not a timestamp they
-    // may start inside a multi-byte character, so no plain split or slice.
-    let (base, off) = ts.split_at_checked(ts.len().checked_sub(6)?)?;
-    let ob = off.as_bytes();
-    if ob[3] != b':' || (ob[0] != b'+' && ob[0] != b'-') {
-        return None;
-    }
-    let hours: u64 = off.get(1..3)?.parse().ok()?;
-    let mins: u64 = off.get(4..6)?.parse().ok()?;
-    let t = humantime::parse_rfc3339(&format!("{base}Z")).ok()?;
-    let shift = Duration::from_secs(hours * 3600 + mins * 60);
-    // Local time = UTC + offset, so UTC = local - offset.
-    if ob[0] == b'+' {
-        t.checked_sub(shift)
-    } else {
-        t.checked_add(shift)
-    }
+    k8s_openapi::chrono::DateTime::parse_from_rfc3339(ts)
+        .ok()
+        .map(SystemTime::from)
 }
 
 #[cfg(test)]
