@@ -1,6 +1,7 @@
 //! What picket decodes from the Kubernetes side
-//! (`picket::discovery::kubernetes`): API answers (a LIST's `items`, error
-//! `Status` bodies; watch events are kube-runtime's), the pod and EndpointSlice fields it
+//! (`picket::discovery::kubernetes`): error `Status` bodies (objects, lists
+//! and watch events are decoded by k8s-openapi and kube-rs into typed
+//! objects, which are then read here), the pod and EndpointSlice fields it
 //! reads (a pod as a group member), exec
 //! credential plugin output (`ExecCredential` JSON) and kubeconfig YAML
 //! (serde-saphyr). None of it may panic.
@@ -15,7 +16,10 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use picket::addr::Addr;
 use picket::config::PortRef;
-use picket::discovery::kubernetes::client::{decode_error_body, list_items};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::core::ObjectList;
+use picket::discovery::kubernetes::client::decode_error_body;
 use picket::discovery::kubernetes::members::member_of;
 use picket::discovery::kubernetes::endpointslice::{normalized_endpoints, normalized_ports};
 use picket::discovery::kubernetes::kubeconfig::{ClusterConfig, decode_exec_credential};
@@ -23,7 +27,7 @@ use picket::discovery::kubernetes::podlabels::pod_name_of;
 use picket::discovery::kubernetes::{
     check_epoch, label, object_name, resource_version, stored_epoch,
 };
-use serde_json::Value;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// An empty directory: file paths in a fuzzed kubeconfig resolve there, so
 /// they name nothing (absolute paths are still read, as picket would).
@@ -33,16 +37,24 @@ fn empty_dir() -> &'static Path {
         .path()
 }
 
-fn object(o: &Value) {
-    let _ = stored_epoch(o);
-    let _ = check_epoch(o, 7);
-    let _ = resource_version(o);
-    let _ = object_name(o);
-    let _ = label(o, "role");
-    let _ = normalized_endpoints(o);
-    let _ = normalized_ports(o);
-    let _ = member_of(o, &PortRef::Number(6379));
-    let _ = member_of(o, &PortRef::Name("redis".into()));
+fn meta(m: &ObjectMeta) {
+    let _ = stored_epoch(m);
+    let _ = check_epoch(m, 7);
+    let _ = resource_version(m);
+    let _ = object_name(m);
+    let _ = label(m, "role");
+}
+
+fn pod(p: &Pod) {
+    meta(&p.metadata);
+    let _ = member_of(p, &PortRef::Number(6379));
+    let _ = member_of(p, &PortRef::Name("redis".into()));
+}
+
+fn slice(s: &EndpointSlice) {
+    meta(&s.metadata);
+    let _ = normalized_endpoints(s);
+    let _ = normalized_ports(s);
 }
 
 fn text_of(data: &[u8]) -> std::borrow::Cow<'_, str> {
@@ -51,13 +63,16 @@ fn text_of(data: &[u8]) -> std::borrow::Cow<'_, str> {
 
 fuzz_target!(|data: &[u8]| {
     // A successful answer: one object, or a list of them.
-    if let Ok(v) = serde_json::from_slice::<Value>(data) {
-        object(&v);
-        if let Ok(items) = list_items(v) {
-            items.iter().for_each(object);
-            for addr in [Addr::new("10.0.0.1", 6379), Addr::new("fd00::1", 6379)] {
-                let _ = pod_name_of(&items, &addr);
-            }
+    if let Ok(p) = serde_json::from_slice::<Pod>(data) {
+        pod(&p);
+    }
+    if let Ok(s) = serde_json::from_slice::<EndpointSlice>(data) {
+        slice(&s);
+    }
+    if let Ok(list) = serde_json::from_slice::<ObjectList<Pod>>(data) {
+        list.items.iter().for_each(pod);
+        for addr in [Addr::new("10.0.0.1", 6379), Addr::new("fd00::1", 6379)] {
+            let _ = pod_name_of(&list.items, &addr);
         }
     }
 

@@ -3,7 +3,8 @@
 //!
 //! - HTTPS with its own CA; bearer-token auth (401 `Unauthorized` Status for
 //!   a missing or wrong token, 403 `Forbidden` for a token marked
-//!   forbidden) and client-certificate auth verified against its CA;
+//!   forbidden, or for one verb on one resource as RBAC answers a Role
+//!   without it) and client-certificate auth verified against its CA;
 //! - pods: list (with `labelSelector`: `a=b`, `a==b`, `a!=b`, `a in (x,y)`,
 //!   `a notin (x)`, `a`, `!a`), get, patch, delete, and watch (`?watch=1`,
 //!   see below);
@@ -188,6 +189,8 @@ struct State {
     revision: u64,
     tokens: HashSet<String>,
     forbidden: HashSet<String>,
+    /// (token, verb, resource) a Role does not grant.
+    denied: HashSet<(String, &'static str, &'static str)>,
     latency: Duration,
     slow_next: Vec<Duration>,
     fail_next: Vec<u16>,
@@ -450,6 +453,10 @@ impl FakeKube {
                     let Ok((tcp, _)) = accepted else {
                         continue;
                     };
+                    // As kube-apiserver's connections (Go sets TCP_NODELAY
+                    // on every TCP connection): a watch event is sent at
+                    // once, not held back until the previous one is acked.
+                    let _ = tcp.set_nodelay(true);
                     let acceptor = acceptor.clone();
                     let st = st.clone();
                     let mut conn_rx = rx.clone();
@@ -574,6 +581,16 @@ impl FakeKube {
         let mut st = self.st();
         st.tokens.insert(token.to_string());
         st.forbidden.insert(token.to_string());
+    }
+
+    /// Answer 403 to this (otherwise valid) token for one `verb` (`get`,
+    /// `list`, `watch`, `create`, `update`, `patch`, `delete`) on one
+    /// `resource` (`pods`, `endpointslices`), as RBAC does for a Role
+    /// that lacks it.
+    pub fn deny(&self, token: &str, verb: &'static str, resource: &'static str) {
+        let mut st = self.st();
+        st.tokens.insert(token.to_string());
+        st.denied.insert((token.to_string(), verb, resource));
     }
 
     /// Delay every request by `d`.
@@ -1270,6 +1287,32 @@ async fn run_watch(
     }
 }
 
+/// The RBAC verb, resource and API group of a request, as the API
+/// server's authorizer sees it.
+fn rbac_attributes(
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+) -> (&'static str, &'static str, &'static str) {
+    let (resource, group) = if path.contains("/endpointslices") {
+        ("endpointslices", "discovery.k8s.io")
+    } else {
+        ("pods", "")
+    };
+    let collection = path.ends_with("/pods") || path.ends_with("/endpointslices");
+    let verb = match method {
+        "GET" if is_watch_query(query) => "watch",
+        "GET" if collection => "list",
+        "GET" => "get",
+        "POST" => "create",
+        "PUT" => "update",
+        "PATCH" => "patch",
+        "DELETE" => "delete",
+        _ => "",
+    };
+    (verb, resource, group)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn route(
     st: &mut State,
@@ -1317,6 +1360,27 @@ fn route(
         .map(str::trim);
     match token {
         Some(t) if st.tokens.contains(t) => {
+            let (verb, resource, group) = rbac_attributes(method, path, query);
+            if st.denied.contains(&(t.to_string(), verb, resource)) {
+                let group_name = if group.is_empty() {
+                    resource.to_string()
+                } else {
+                    format!("{resource}.{group}")
+                };
+                return status(
+                    403,
+                    "Forbidden",
+                    &format!(
+                        "{group_name} is forbidden: User \"system:serviceaccount:test:picket\" \
+                         cannot {verb} resource \"{resource}\" in API group \"{group}\" in \
+                         the namespace \"{}\"",
+                        path.split('/')
+                            .skip_while(|seg| *seg != "namespaces")
+                            .nth(1)
+                            .unwrap_or_default()
+                    ),
+                );
+            }
             if st.forbidden.contains(t) {
                 return status(
                     403,

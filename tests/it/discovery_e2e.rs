@@ -1688,7 +1688,23 @@ fn failover_publishes_to_every_backend_in_gated_order() {
 
     // Webhook (after the start-up publications): the leader's fence (while
     // nothing was promoted), then one publication per daemon (after the
-    // promotion and the flush).
+    // promotion and the flush). The backends are written side by side: a
+    // daemon's file above may show the replica before its webhook
+    // publication of it has arrived.
+    let last_lists_replicas = |got: &[Received], id: &str| {
+        got.iter()
+            .rfind(|r| r.daemon == id && r.body["event"] == "publish")
+            .is_some_and(|p| listed(&p.body["replicas"]) == replicas)
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !env
+        .daemons
+        .iter()
+        .all(|d| last_lists_replicas(&env.received(), &d.id))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let got = env.received();
     let leader_id = env.daemons[c.leader].id.clone();
     let fences: Vec<&Received> = got.iter().filter(|r| r.body["event"] == "fence").collect();

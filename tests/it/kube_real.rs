@@ -460,7 +460,7 @@ impl ControlPlane {
                     {"apiGroups": [""], "resources": ["pods"],
                      "verbs": ["get", "list", "watch", "patch"]},
                     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                     "verbs": ["get", "list", "create", "patch"]},
+                     "verbs": ["get", "list", "watch", "create", "patch"]},
                 ],
             }),
         );

@@ -9,9 +9,11 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use fake_kube::{DEFAULT_TOKEN, FakeKind, FakeKube, GARBAGE, LoggedRequest, unrelated_ca_pem};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use picket::addr::Addr;
 use picket::config::{KubernetesConfig, KubernetesMode};
-use picket::discovery::kubernetes::client::{Kind, KubeClient, PatchType, RetryPolicy};
+use picket::discovery::kubernetes::client::{KubeClient, RetryPolicy};
 use picket::discovery::kubernetes::gate::GateResult;
 use picket::discovery::kubernetes::kubeconfig::{ClusterConfig, InClusterSource};
 use picket::discovery::kubernetes::{EPOCH_ANNOTATION, KubernetesBackend};
@@ -216,7 +218,8 @@ async fn pod_labels_fence_then_publish_in_gated_order() {
         list.query
             .as_deref()
             .unwrap()
-            .starts_with("labelSelector=app%3Dcache"),
+            .split('&')
+            .any(|p| p == "labelSelector=app%3Dcache"),
         "{list:?}"
     );
 
@@ -631,18 +634,28 @@ async fn endpointslice_refuses_what_the_api_refuses_before_writing() {
 
 /// POST a slice to the fake by hand; the status and the decoded body.
 async fn raw_create_slice(fake: &FakeKube, body: &Value) -> (u16, Value) {
+    let path = format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices");
+    raw(fake, reqwest::Method::POST, &path, "application/json", body).await
+}
+
+/// A request to the fake by hand; the status and the decoded body.
+async fn raw(
+    fake: &FakeKube,
+    method: reqwest::Method,
+    path: &str,
+    content_type: &str,
+    body: &Value,
+) -> (u16, Value) {
     let http = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(fake.ca_pem().as_bytes()).unwrap())
         .no_proxy()
         .build()
         .unwrap();
     let r = http
-        .post(format!(
-            "{}/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices",
-            fake.url()
-        ))
+        .request(method, format!("{}{path}", fake.url()))
         .bearer_auth(DEFAULT_TOKEN)
-        .json(body)
+        .header("content-type", content_type)
+        .body(body.to_string())
         .send()
         .await
         .unwrap();
@@ -953,86 +966,85 @@ async fn client_api_semantics() {
     .unwrap()
     .with_retry(fast_retry());
 
-    let names = |items: Vec<Value>| -> Vec<String> {
+    let pods = client.api::<Pod>(NS);
+    let names = |items: Vec<Pod>| -> Vec<String> {
         items
-            .iter()
-            .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+            .into_iter()
+            .map(|p| p.metadata.name.unwrap_or_default())
             .collect()
     };
-    let sel = client
-        .list(Kind::Pod, NS, Some("app=cache,role in (master)"))
-        .await
-        .unwrap();
+    let sel = pods.list(Some("app=cache,role in (master)")).await.unwrap();
     assert_eq!(names(sel), vec!["cache-0"]);
-    let sel = client
-        .list(Kind::Pod, NS, Some("role!=master"))
-        .await
-        .unwrap();
+    let sel = pods.list(Some("role!=master")).await.unwrap();
     assert_eq!(names(sel), vec!["cache-1", "cache-2"]);
-    assert_eq!(client.list(Kind::Pod, NS, None).await.unwrap().len(), 4);
-    assert!(
-        client
-            .get_opt(Kind::Pod, NS, "ghost")
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert_eq!(pods.list(None).await.unwrap().len(), 4);
+    assert!(pods.get_opt("ghost").await.unwrap().is_none());
 
-    // JSON patch with a failing test → 422 Invalid.
-    let e = client
-        .patch(
-            Kind::Pod,
-            NS,
+    // A merge patch conditional on the resourceVersion read lands; on a
+    // stale one it is a 409 Conflict, not retried by the client.
+    let read = pods.get("cache-0").await.unwrap();
+    let rv = read.metadata.resource_version.clone().unwrap();
+    let patched = pods
+        .merge_patch(
             "cache-0",
-            PatchType::Json,
-            &json!([{"op": "test", "path": "/metadata/labels/role", "value": "replica"}]),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Some(422));
-    assert!(!e.is_conflict());
-    let ok = client
-        .patch(
-            Kind::Pod,
-            NS,
-            "cache-0",
-            PatchType::Json,
-            &json!([{"op": "test", "path": "/metadata/labels/role", "value": "master"},
-                    {"op": "replace", "path": "/metadata/labels/role", "value": "replica"}]),
+            &json!({"metadata": {"resourceVersion": rv, "labels": {"role": "replica"}}}),
         )
         .await
         .unwrap();
-    assert_eq!(ok["metadata"]["labels"]["role"], "replica");
-
-    // Create, AlreadyExists, replace with a stale resourceVersion → Conflict.
-    let body = json!({"metadata": {"name": "s"}, "addressType": "IPv4", "endpoints": []});
-    let created = client.create(Kind::EndpointSlice, NS, &body).await.unwrap();
-    let e = client
-        .create(Kind::EndpointSlice, NS, &body)
+    assert_eq!(patched.metadata.labels.as_ref().unwrap()["role"], "replica");
+    assert_ne!(patched.metadata.resource_version.as_ref(), Some(&rv));
+    fake.clear_requests();
+    let e = pods
+        .merge_patch(
+            "cache-0",
+            &json!({"metadata": {"resourceVersion": rv, "labels": {"role": null}}}),
+        )
         .await
         .unwrap_err();
-    assert!(e.is_already_exists() && !e.is_conflict(), "{e}");
-    let mut upd = created.clone();
-    upd["endpoints"] = json!([{"addresses": ["10.0.0.1"]}]);
-    let replaced = client
-        .replace(Kind::EndpointSlice, NS, "s", &upd)
-        .await
-        .unwrap();
-    assert_ne!(
-        replaced["metadata"]["resourceVersion"],
-        created["metadata"]["resourceVersion"]
-    );
-    let e = client
-        .replace(Kind::EndpointSlice, NS, "s", &upd)
-        .await
-        .unwrap_err();
-    assert!(e.is_conflict(), "{e}");
+    assert!(e.is_conflict() && !e.is_already_exists(), "{e}");
     assert!(
         e.to_string().contains("the object has been modified"),
         "{e}"
     );
-    let list = client.list(Kind::EndpointSlice, NS, None).await.unwrap();
-    assert_eq!(list.len(), 1);
+    assert_eq!(fake.requests().len(), 1, "a 409 is the caller's to handle");
+
+    // Create, then AlreadyExists.
+    let slices = client.api::<EndpointSlice>(NS);
+    let body: EndpointSlice = serde_json::from_value(
+        json!({"metadata": {"name": "s"}, "addressType": "IPv4", "endpoints": []}),
+    )
+    .unwrap();
+    let created = slices.create(&body).await.unwrap();
+    assert!(created.metadata.resource_version.is_some());
+    let e = slices.create(&body).await.unwrap_err();
+    assert!(e.is_already_exists() && !e.is_conflict(), "{e}");
+    assert_eq!(slices.list(None).await.unwrap().len(), 1);
+
+    // The fake's JSON patch (which picket does not send) as the real
+    // API's: a failing `test` is 422 Invalid.
+    let path = format!("/api/v1/namespaces/{NS}/pods/cache-0");
+    let (code, _) = raw(
+        &fake,
+        reqwest::Method::PATCH,
+        &path,
+        "application/json-patch+json",
+        &json!([{"op": "test", "path": "/metadata/labels/role", "value": "master"}]),
+    )
+    .await;
+    assert_eq!(code, 422);
+    let (code, pod) = raw(
+        &fake,
+        reqwest::Method::PATCH,
+        &path,
+        "application/json-patch+json",
+        &json!([{"op": "test", "path": "/metadata/labels/role", "value": "replica"},
+                {"op": "replace", "path": "/metadata/labels/role", "value": "master"}]),
+    )
+    .await;
+    assert_eq!(
+        (code, &pod["metadata"]["labels"]["role"]),
+        (200, &json!("master"))
+    );
 }
 
 // ---- kubeconfig and in-cluster variants ----
@@ -1450,6 +1462,20 @@ async fn pod_labels_fence_and_publish_wait_for_the_service() {
         );
         let gone_at = fake.slice_history().last().unwrap().at;
         assert!(gone_at <= std::time::Instant::now());
+        // The wait watches the slices: one LIST, then (the controller not
+        // done yet: surely so with the long lag) one WATCH from its
+        // version that shows the change; no polling.
+        let slice_reads: Vec<LoggedRequest> = fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.ends_with("/endpointslices"))
+            .collect();
+        let watches = slice_reads.iter().filter(|r| r.is_watch()).count();
+        let lists = slice_reads.len() - watches;
+        assert!(
+            lists == 1 && watches <= 1 && (lag < Duration::from_millis(100) || watches == 1),
+            "lag {lag:?}: {slice_reads:#?}"
+        );
 
         b.publish(&topo(2, "10.0.0.2:6379", Some("10.0.0.1:6379")))
             .await
@@ -1530,6 +1556,36 @@ async fn pod_labels_gate_times_out_on_a_stuck_controller() {
     assert_eq!(service_lists(&fake), vec!["10.0.0.2"]);
 }
 
+/// A Role without endpointslices `watch` (written for an earlier picket):
+/// the gate fails at once with the API server's 403, naming the verb and
+/// the RBAC table, rather than waiting out its timeout.
+#[tokio::test]
+async fn pod_labels_gate_without_the_watch_verb_is_a_clear_permanent_error() {
+    let fake = FakeKube::start().await;
+    seed_pods(&fake);
+    with_master_service(&fake).await;
+    fake.deny(DEFAULT_TOKEN, "watch", "endpointslices");
+    fake.set_controller_lag(Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let b = gated_backend(&fake, dir.path(), Duration::from_secs(5));
+    let t0 = std::time::Instant::now();
+    let e = b.fence(&fence(2, "10.0.0.1:6379")).await.unwrap_err();
+    assert_permanent(
+        &e,
+        &[
+            "403 Forbidden",
+            "RBAC",
+            "cannot watch",
+            "in the namespace \"cache\"",
+        ],
+    );
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(
+        b.service_gate().unwrap().fence.unwrap().result,
+        GateResult::Error
+    );
+}
+
 // ---- deploy/kubernetes: the deployment a Dragonfly user applies ----
 
 /// Every YAML document of `deploy/kubernetes/<file>`, parsed.
@@ -1603,7 +1659,7 @@ fn the_deployment_parses_its_role_is_the_documented_one_and_its_config_validates
             {"apiGroups": [""], "resources": ["pods"],
              "verbs": ["get", "list", "watch", "patch"]},
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-             "verbs": ["get", "list", "create", "patch"]},
+             "verbs": ["get", "list", "watch", "create", "patch"]},
         ])
     );
     let binding = the(&docs, "RoleBinding", "picket");

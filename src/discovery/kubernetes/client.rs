@@ -1,85 +1,57 @@
-//! The Kubernetes client: picket's few calls (get, list by label
-//! selector, create, patch, replace) on pods and `discovery.k8s.io/v1`
-//! EndpointSlices, sent through kube-rs's [`kube::Client`], which owns the
-//! connection: TLS (rustls on ring), the CA, `insecure-skip-tls-verify`,
-//! `tls-server-name`, client certificates and the kubeconfig `proxy-url`
-//! (HTTP CONNECT). The pod watch is kube-runtime's watcher (`members.rs`).
+//! The Kubernetes client: kube-rs's [`kube::Client`] and typed
+//! [`Api`]s of k8s-openapi's objects (Pod, EndpointSlice), with what
+//! picket needs around them and kube-rs does not do.
 //!
-//! Kept here, because kube-rs does not do it: every call has a budget, in
-//! which transient failures (429, 5xx, timeouts, connection errors) are
-//! retried with jittered exponential backoff, or after `Retry-After` when
-//! the server sends one; a 401 makes a refreshable credential (token file,
-//! exec plugin) be fetched again once, after which 401 and 403 are final;
-//! an answer of the wrong shape (a proxy's page, a truncated body) is not
-//! taken for an object; the errors name the request and say what to check.
-//! Bearer tokens come from picket's own credentials (`kubeconfig.rs`): an
-//! exec plugin is run with a deadline and never interactively, which kube
-//! does not offer.
+//! kube-rs owns the connection (TLS on rustls with ring, the CA,
+//! `insecure-skip-tls-verify`, `tls-server-name`, client certificates, the
+//! kubeconfig's `proxy-url`), the requests and the decoding into typed
+//! objects. Kept here:
+//!
+//! - the bearer token of each request comes from picket's own credentials
+//!   (`kubeconfig.rs`: token files re-read, exec plugins run with a
+//!   deadline and never interactively, which kube does not offer), put in
+//!   by a layer of the client's tower stack;
+//! - the same layer reads every error answer itself, so that its
+//!   `Retry-After` is kept and the error names the request (kube keeps
+//!   only the `Status` body);
+//! - every call has a budget, in which transient failures (429, 5xx,
+//!   timeouts, connection errors, undecodable answers) are retried with
+//!   jittered exponential backoff, or after `Retry-After` when the server
+//!   sends one; a 401 makes a refreshable credential be fetched again
+//!   once, after which 401 and 403 are final (kube retries nothing);
+//! - an answer of the wrong shape (a proxy's page, a truncated body,
+//!   another object) is not taken for an object.
 
+use std::fmt::Debug;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER, USER_AGENT};
-use http::{Method, StatusCode};
+use futures::StreamExt as _;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use http::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER, USER_AGENT};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::client::{Body, ClientBuilder, DynBody};
+use kube::runtime::reflector::Store;
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use serde::Deserialize;
-use serde_json::Value;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tokio::time::Instant;
+use tower::{BoxError, Layer, Service};
 
-use super::kubeconfig::{ClientIdentity, ClusterConfig, CredentialError, Credentials};
+use super::kubeconfig::{
+    AuthMaterial, ClientIdentity, ClusterConfig, CredentialError, Credentials,
+};
 use crate::discovery::DiscoveryError;
-
-/// The object kinds picket reads and writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// `v1` Pod.
-    Pod,
-    /// `discovery.k8s.io/v1` EndpointSlice.
-    EndpointSlice,
-}
-
-impl Kind {
-    /// The collection path in a namespace.
-    pub fn collection_path(self, namespace: &str) -> String {
-        match self {
-            Kind::Pod => format!("/api/v1/namespaces/{namespace}/pods"),
-            Kind::EndpointSlice => {
-                format!("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices")
-            }
-        }
-    }
-
-    /// The path of one object.
-    pub fn object_path(self, namespace: &str, name: &str) -> String {
-        format!("{}/{name}", self.collection_path(namespace))
-    }
-}
-
-/// The body format of a PATCH.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PatchType {
-    /// RFC 7386 JSON merge patch (`null` deletes a key, lists are replaced).
-    Merge,
-    /// RFC 6902 JSON patch (an op list; a failing `test` gives 422).
-    Json,
-    /// Kubernetes strategic merge patch (built-in types only).
-    Strategic,
-}
-
-impl PatchType {
-    /// The Content-Type header value.
-    pub fn content_type(self) -> &'static str {
-        match self {
-            PatchType::Merge => "application/merge-patch+json",
-            PatchType::Json => "application/json-patch+json",
-            PatchType::Strategic => "application/strategic-merge-patch+json",
-        }
-    }
-}
 
 /// How long and how often one call may be retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,31 +91,19 @@ pub struct ApiError {
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (url, method, msg) = (&self.url, &self.method, suffix(&self.message));
         match self.code {
             401 => write!(
                 f,
-                "401 Unauthorized from {}: check the token (or client certificate / exec plugin) \
-                 picket authenticates with{}",
-                self.url,
-                suffix(&self.message)
+                "401 Unauthorized from {url}: check the token (or client certificate / exec \
+                 plugin) picket authenticates with{msg}"
             ),
             403 => write!(
                 f,
-                "403 Forbidden from {} ({}): the identity picket uses lacks an RBAC permission \
-                 (see the Role in docs/kubernetes.md){}",
-                self.url,
-                self.method,
-                suffix(&self.message)
+                "403 Forbidden from {url} ({method}): the identity picket uses lacks an RBAC \
+                 permission (see the Role in docs/kubernetes.md){msg}"
             ),
-            _ => write!(
-                f,
-                "{} {}: {} {}{}",
-                self.method,
-                self.url,
-                self.code,
-                self.reason,
-                suffix(&self.message)
-            ),
+            code => write!(f, "{method} {url}: {code} {}{msg}", self.reason),
         }
     }
 }
@@ -188,7 +148,7 @@ pub enum ClientError {
     /// The TLS material of the configuration is unusable.
     #[error("TLS setup: {0}")]
     TlsSetup(String),
-    /// A 2xx answer whose body is not the expected JSON.
+    /// A 2xx answer whose body is not the expected object.
     #[error("{method} {url}: undecodable response: {message}")]
     Decode {
         /// HTTP method.
@@ -239,6 +199,60 @@ impl ClientError {
             }
         }
     }
+
+    /// What a failed kube-rs request `method url` was: the API server's
+    /// answer (read by [`Authorize`]), no credential, a TLS failure, an
+    /// undecodable body or no answer.
+    pub fn from_kube(e: &kube::Error, method: &str, url: &str) -> ClientError {
+        let sources = chain(e);
+        if let Some(a) = sources.iter().find_map(|c| c.downcast_ref::<Answered>()) {
+            return ClientError::Api(a.error.clone());
+        }
+        if let Some(c) = sources
+            .iter()
+            .find_map(|c| c.downcast_ref::<CredentialError>())
+        {
+            return ClientError::Credentials(c.clone());
+        }
+        if let Some(c) = sources.iter().find_map(|c| c.downcast_ref::<ClientError>()) {
+            return c.clone();
+        }
+        let (method, url) = (method.to_string(), url.to_string());
+        if let Some(m) = sources.iter().find_map(|c| c.downcast_ref::<WrongShape>()) {
+            return ClientError::Decode {
+                method,
+                url,
+                message: m.0.clone(),
+            };
+        }
+        if let kube::Error::SerdeError(_) | kube::Error::FromUtf8(_) = e {
+            return ClientError::Decode {
+                method,
+                url,
+                message: error_chain(e),
+            };
+        }
+        if let Some(tls) = sources
+            .iter()
+            .find_map(|c| c.downcast_ref::<rustls::Error>())
+        {
+            return ClientError::Tls {
+                url,
+                message: tls.to_string(),
+            };
+        }
+        let timeout = sources.iter().any(|c| {
+            c.is::<TimedOut>()
+                || c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        });
+        ClientError::Transport {
+            method,
+            url,
+            message: error_chain(e),
+            timeout,
+        }
+    }
 }
 
 impl From<ClientError> for DiscoveryError {
@@ -270,7 +284,7 @@ impl std::fmt::Debug for KubeClient {
 struct Inner {
     server: String,
     cluster: ClusterConfig,
-    creds: Credentials,
+    creds: Arc<Credentials>,
     timeout: Duration,
     retry: RetryPolicy,
     /// The client built with the kubeconfig's own identity (if any).
@@ -279,24 +293,19 @@ struct Inner {
     exec: Mutex<Option<(ClientIdentity, kube::Client)>>,
 }
 
-/// One answer: its status, `Retry-After`, and its body.
-struct Answer {
-    status: StatusCode,
-    retry_after: Option<Duration>,
-    body: bytes::Bytes,
-}
-
 impl KubeClient {
     /// A client for `cluster`, with `timeout` for each request.
     ///
     /// Fails when the CA or client certificate cannot be used, so that a
     /// bad configuration shows at start-up rather than at the first failover.
     pub fn new(cluster: ClusterConfig, timeout: Duration) -> Result<Self, ClientError> {
-        let base = build_kube(&cluster, cluster.client_identity.as_ref(), timeout)?;
+        let creds = Arc::new(Credentials::new(&cluster));
+        let identity = cluster.client_identity.as_ref();
+        let base = build(&cluster, identity, &creds, timeout, None)?;
         Ok(KubeClient {
             inner: Arc::new(Inner {
                 server: cluster.server.clone(),
-                creds: Credentials::new(&cluster),
+                creds,
                 cluster,
                 timeout,
                 retry: RetryPolicy::default(),
@@ -308,23 +317,23 @@ impl KubeClient {
 
     /// The same client with another retry policy (call before cloning).
     pub fn with_retry(self, retry: RetryPolicy) -> Self {
-        let inner = match Arc::try_unwrap(self.inner) {
+        match Arc::try_unwrap(self.inner) {
             Ok(mut i) => {
                 i.retry = retry;
-                i
+                KubeClient { inner: Arc::new(i) }
             }
-            Err(shared) => Inner {
-                server: shared.server.clone(),
-                cluster: shared.cluster.clone(),
-                creds: Credentials::new(&shared.cluster),
-                timeout: shared.timeout,
-                retry,
-                base: shared.base.clone(),
-                exec: Mutex::new(None),
+            // Shared: the same connections and credentials, another policy.
+            Err(shared) => KubeClient {
+                inner: Arc::new(Inner {
+                    server: shared.server.clone(),
+                    cluster: shared.cluster.clone(),
+                    creds: shared.creds.clone(),
+                    timeout: shared.timeout,
+                    retry,
+                    base: shared.base.clone(),
+                    exec: Mutex::new(None),
+                }),
             },
-        };
-        KubeClient {
-            inner: Arc::new(inner),
         }
     }
 
@@ -333,10 +342,19 @@ impl KubeClient {
         &self.inner.server
     }
 
-    /// A kube-rs client for a watch lasting `watch_timeout` (the pod
-    /// watcher, which kube-runtime drives): the credential of now built
-    /// in, and a read timeout a little longer than the watch, so that a
-    /// connection that died silently is noticed.
+    /// The typed objects of kind `K` in `namespace`.
+    pub fn api<K>(&self, namespace: &str) -> Objects<K> {
+        Objects {
+            client: self.clone(),
+            namespace: namespace.to_string(),
+            _kind: std::marker::PhantomData,
+        }
+    }
+
+    /// A kube-rs client for a watch lasting `watch_timeout` (kube-runtime's
+    /// watcher drives it): the identity of now, and a read timeout a little
+    /// longer than the watch, so that a connection that died silently is
+    /// noticed.
     pub async fn watch_client(&self, watch_timeout: Duration) -> Result<kube::Client, ClientError> {
         let auth = self.inner.creds.current().await?;
         build(
@@ -344,13 +362,20 @@ impl KubeClient {
             auth.identity
                 .as_ref()
                 .or(self.inner.cluster.client_identity.as_ref()),
+            &self.inner.creds,
             self.inner.timeout,
             Some(watch_timeout + self.inner.timeout),
-            auth.token.as_ref().map(|t| t.expose()),
         )
     }
 
-    /// Forget the current credential after a 401 (the watcher's), so that
+    /// The kube-rs client for the identity of now (a bounded watch, such
+    /// as the Service gate's, needs no read timeout of its own).
+    pub async fn kube_client(&self) -> Result<kube::Client, ClientError> {
+        let auth = self.inner.creds.current().await?;
+        self.client_for(auth.identity.as_ref())
+    }
+
+    /// Forget the current credential after a 401 (a watcher's), so that
     /// the next request fetches a new one; whether there is one to fetch.
     pub async fn reauthenticate(&self) -> bool {
         if self.inner.creds.refreshable() {
@@ -359,109 +384,6 @@ impl KubeClient {
         } else {
             false
         }
-    }
-
-    /// GET one object.
-    pub async fn get(&self, kind: Kind, ns: &str, name: &str) -> Result<Value, ClientError> {
-        let path = kind.object_path(ns, name);
-        self.send(Method::GET, &path, &[], None, Expect::Object(Some(name)))
-            .await
-    }
-
-    /// GET one object; `None` when it does not exist.
-    pub async fn get_opt(
-        &self,
-        kind: Kind,
-        ns: &str,
-        name: &str,
-    ) -> Result<Option<Value>, ClientError> {
-        match self.get(kind, ns, name).await {
-            Ok(v) => Ok(Some(v)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// LIST the objects of a namespace, optionally by label selector; returns `items`.
-    pub async fn list(
-        &self,
-        kind: Kind,
-        ns: &str,
-        label_selector: Option<&str>,
-    ) -> Result<Vec<Value>, ClientError> {
-        let path = kind.collection_path(ns);
-        let query: Vec<(&str, &str)> = label_selector
-            .map(|s| ("labelSelector", s))
-            .into_iter()
-            .collect();
-        let url = format!("{}{}", self.inner.server, path);
-        let list = self
-            .send(Method::GET, &path, &query, None, Expect::List)
-            .await?;
-        list_items(list).map_err(|message| ClientError::Decode {
-            method: "GET".into(),
-            url,
-            message,
-        })
-    }
-
-    /// POST a new object.
-    pub async fn create(&self, kind: Kind, ns: &str, body: &Value) -> Result<Value, ClientError> {
-        let path = kind.collection_path(ns);
-        let bytes = (
-            "application/json",
-            serde_json::to_vec(body).unwrap_or_default(),
-        );
-        let name = body_name(body);
-        self.send(Method::POST, &path, &[], Some(bytes), Expect::Object(name))
-            .await
-    }
-
-    /// PATCH an object; put `metadata.resourceVersion` in a merge patch to make it conditional.
-    pub async fn patch(
-        &self,
-        kind: Kind,
-        ns: &str,
-        name: &str,
-        patch_type: PatchType,
-        body: &Value,
-    ) -> Result<Value, ClientError> {
-        let path = kind.object_path(ns, name);
-        let body = (
-            patch_type.content_type(),
-            serde_json::to_vec(body).unwrap_or_default(),
-        );
-        self.send(
-            Method::PATCH,
-            &path,
-            &[],
-            Some(body),
-            Expect::Object(Some(name)),
-        )
-        .await
-    }
-
-    /// PUT a whole object (conditional when it carries `metadata.resourceVersion`).
-    pub async fn replace(
-        &self,
-        kind: Kind,
-        ns: &str,
-        name: &str,
-        body: &Value,
-    ) -> Result<Value, ClientError> {
-        let path = kind.object_path(ns, name);
-        let body = (
-            "application/json",
-            serde_json::to_vec(body).unwrap_or_default(),
-        );
-        self.send(
-            Method::PUT,
-            &path,
-            &[],
-            Some(body),
-            Expect::Object(Some(name)),
-        )
-        .await
     }
 
     fn client_for(&self, identity: Option<&ClientIdentity>) -> Result<kube::Client, ClientError> {
@@ -474,58 +396,296 @@ impl KubeClient {
         {
             return Ok(client.clone());
         }
-        let client = build_kube(&self.inner.cluster, Some(id), self.inner.timeout)?;
+        let client = build(
+            &self.inner.cluster,
+            Some(id),
+            &self.inner.creds,
+            self.inner.timeout,
+            None,
+        )?;
         *g = Some((id.clone(), client.clone()));
         Ok(client)
     }
 
-    /// One request with the current credential, its answer read whole
-    /// within the timeout.
-    async fn exchange(
-        &self,
-        method: &Method,
-        path_and_query: &str,
-        body: Option<&(&'static str, Vec<u8>)>,
-    ) -> Result<Answer, kube::Error> {
-        let auth = self
-            .inner
-            .creds
-            .current()
-            .await
-            .map_err(|e| kube::Error::Service(Box::new(e)))?;
-        let client = self
-            .client_for(auth.identity.as_ref())
-            .map_err(|e| kube::Error::Service(Box::new(e)))?;
-        let mut req = http::Request::builder()
-            .method(method.clone())
-            .uri(path_and_query)
-            .header(ACCEPT, "application/json");
-        if let Some(token) = &auth.token {
-            let mut v =
-                HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
-                    kube::Error::Service(Box::new(CredentialError::TokenFile {
-                        path: "<token>".into(),
-                        message: "the token contains characters not allowed in a header".into(),
-                    }))
-                })?;
-            v.set_sensitive(true);
-            req = req.header(AUTHORIZATION, v);
-        }
-        let bytes = match body {
-            Some((ct, b)) => {
-                req = req.header(CONTENT_TYPE, *ct);
-                b.clone()
+    /// Run `op` (one kube-rs request, `method url` for the errors) within
+    /// the timeout, again after transient failures within the retry budget.
+    async fn call<T, F, Fut>(&self, method: &str, url: &str, op: F) -> Result<T, ClientError>
+    where
+        F: Fn(kube::Client) -> Fut,
+        Fut: Future<Output = kube::Result<T>>,
+    {
+        let retry = self.inner.retry;
+        let deadline = Instant::now() + retry.budget;
+        let mut backoff = retry.initial_backoff;
+        let mut reauthenticated = false;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            // The credential chooses the client (an exec plugin's client
+            // certificate) and is the one the request carries: fetched
+            // once (an expired exec credential runs the plugin once).
+            let auth = self.inner.creds.current().await?;
+            let client = self.client_for(auth.identity.as_ref())?;
+            let request = FETCHED.scope(auth, op(client));
+            let err = match tokio::time::timeout(self.inner.timeout, request).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => e,
+                Err(_) => kube::Error::Service(Box::new(TimedOut(self.inner.timeout))),
+            };
+            let retry_after = chain(&err)
+                .iter()
+                .find_map(|c| c.downcast_ref::<Answered>())
+                .and_then(|a| a.retry_after);
+            let err = ClientError::from_kube(&err, method, url);
+            match &err {
+                ClientError::Api(a)
+                    if a.code == 401 && !reauthenticated && self.inner.creds.refreshable() =>
+                {
+                    // An expired token or exec credential: fetch a new one, once.
+                    reauthenticated = true;
+                    self.inner.creds.invalidate().await;
+                    tracing::info!(url, "401 from the API server; refreshing the credential");
+                    continue;
+                }
+                ClientError::Api(a)
+                    if matches!(a.code, 429 | 500 | 502 | 503 | 504)
+                        || (retry_after.is_some() && a.code >= 500) => {}
+                ClientError::Transport { .. } | ClientError::Decode { .. } => {}
+                _ => return Err(err),
             }
-            None => Vec::new(),
-        };
-        let req = req
-            .body(kube::client::Body::from(bytes))
-            .map_err(kube::Error::HttpError)?;
-        let answer = async {
-            let resp = client.send(req).await?;
+            let wait = retry_after.unwrap_or_else(|| jitter(backoff));
+            backoff = (backoff * 2).min(retry.max_backoff);
+            if Instant::now() + wait > deadline {
+                tracing::warn!(url, attempts = attempt, error = %err,
+                    "giving up: the retry budget is spent");
+                return Err(err);
+            }
+            tracing::debug!(url, attempt, wait = ?wait, error = %err, "retrying");
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The objects of one kind in one namespace: kube-rs's [`Api`] through
+/// the retry budget, with the answers checked.
+#[derive(Clone)]
+pub struct Objects<K> {
+    client: KubeClient,
+    namespace: String,
+    _kind: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<K> std::fmt::Debug for Objects<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Objects")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> Objects<K>
+where
+    K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    fn api(&self, client: kube::Client) -> Api<K> {
+        Api::namespaced(client, &self.namespace)
+    }
+
+    /// The URL of the collection, or of the object `name`, for errors.
+    fn url(&self, name: Option<&str>) -> String {
+        let path = K::url_path(&(), Some(&self.namespace));
+        match name {
+            Some(n) => format!("{}{path}/{n}", self.client.server()),
+            None => format!("{}{path}", self.client.server()),
+        }
+    }
+
+    /// GET one object.
+    pub async fn get(&self, name: &str) -> Result<K, ClientError> {
+        self.client
+            .call("GET", &self.url(Some(name)), |c| async move {
+                named(self.api(c).get(name).await?, Some(name))
+            })
+            .await
+    }
+
+    /// GET one object; `None` when it does not exist.
+    pub async fn get_opt(&self, name: &str) -> Result<Option<K>, ClientError> {
+        match self.get(name).await {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// LIST the objects, optionally by label selector. The answer must be
+    /// a list (`items` present): an object without it is not an empty one.
+    pub async fn list(&self, label_selector: Option<&str>) -> Result<Vec<K>, ClientError> {
+        let mut params = ListParams::default();
+        if let Some(s) = label_selector {
+            params = params.labels(s);
+        }
+        let params = &params;
+        self.client
+            .call("GET", &self.url(None), |c| async move {
+                Ok(self.api(c).list(params).await?.items)
+            })
+            .await
+    }
+
+    /// POST a new object.
+    pub async fn create(&self, obj: &K) -> Result<K, ClientError> {
+        let name = obj.meta().name.as_deref();
+        self.client
+            .call("POST", &self.url(None), |c| async move {
+                named(self.api(c).create(&PostParams::default(), obj).await?, name)
+            })
+            .await
+    }
+
+    /// PATCH `name` with a JSON merge patch (RFC 7386: `null` deletes a
+    /// key, lists are replaced whole); a `metadata.resourceVersion` in it
+    /// makes the write conditional (409 when the object changed since).
+    pub async fn merge_patch<P: Serialize + Debug + Sync>(
+        &self,
+        name: &str,
+        patch: &P,
+    ) -> Result<K, ClientError> {
+        self.client
+            .call("PATCH", &self.url(Some(name)), |c| async move {
+                let p = Patch::Merge(patch);
+                named(
+                    self.api(c).patch(name, &PatchParams::default(), &p).await?,
+                    Some(name),
+                )
+            })
+            .await
+    }
+}
+
+/// `obj`, when it is the object named `name` (when known): a proxy's
+/// answer or another object must not be taken for it.
+fn named<K: kube::Resource>(obj: K, name: Option<&str>) -> kube::Result<K> {
+    let wrong = match (name, obj.meta().name.as_deref()) {
+        (Some(want), Some(n)) if n != want => format!("the answer is object {n:?}, not {want:?}"),
+        (Some(want), None) => format!("the answer has no metadata.name (expected {want:?})"),
+        _ => return Ok(obj),
+    };
+    Err(kube::Error::Service(Box::new(WrongShape(wrong))))
+}
+
+tokio::task_local! {
+    /// The credential [`KubeClient::call`] fetched for its request, for
+    /// [`Authorize`] to use instead of fetching it again (the layer's
+    /// future is polled by the caller's task; without it, as for a
+    /// watcher's requests, the layer fetches the credential itself).
+    static FETCHED: AuthMaterial;
+}
+
+/// A 2xx answer that decoded but is not the object asked for.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct WrongShape(String);
+
+/// A request that took longer than the client's timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("no complete answer within {0:?}")]
+struct TimedOut(Duration);
+
+/// An error answer, as [`Authorize`] read it.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+struct Answered {
+    error: ApiError,
+    retry_after: Option<Duration>,
+}
+
+/// The outermost layer of every kube-rs client picket builds: see
+/// [`Authorize`].
+#[derive(Clone)]
+struct AuthorizeLayer {
+    creds: Arc<Credentials>,
+    server: Arc<str>,
+}
+
+impl<S> Layer<S> for AuthorizeLayer {
+    type Service = Authorize<S>;
+
+    fn layer(&self, inner: S) -> Authorize<S> {
+        Authorize {
+            inner,
+            creds: self.creds.clone(),
+            server: self.server.clone(),
+        }
+    }
+}
+
+/// Puts the bearer token of now on each request, and turns each error
+/// answer into an [`Answered`] error carrying the request, the decoded
+/// `Status` and `Retry-After` (a watch's stream, a 200, passes as it is).
+#[derive(Clone)]
+struct Authorize<S> {
+    inner: S,
+    creds: Arc<Credentials>,
+    server: Arc<str>,
+}
+
+type DynResponse = Response<Box<DynBody>>;
+
+/// The service stack kube-rs builds from a [`kube::Config`].
+type KubeStack = tower::util::BoxService<Request<Body>, DynResponse, BoxError>;
+
+impl<S> Service<Request<Body>> for Authorize<S>
+where
+    S: Service<Request<Body>, Response = DynResponse, Error = BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = DynResponse;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<DynResponse, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+        // The service polled ready is the one to call; a clone takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let creds = self.creds.clone();
+        let server = self.server.clone();
+        Box::pin(async move {
+            let auth = match FETCHED.try_with(Clone::clone) {
+                Ok(auth) => auth,
+                Err(_) => creds.current().await?,
+            };
+            if let Some(token) = auth.token {
+                let mut v =
+                    HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
+                        CredentialError::TokenFile {
+                            path: "<token>".into(),
+                            message: "the token contains characters not allowed in a header".into(),
+                        }
+                    })?;
+                v.set_sensitive(true);
+                req.headers_mut().insert(AUTHORIZATION, v);
+            }
+            let method = req.method().clone();
+            let url = format!("{server}{}", req.uri().path());
+            let resp = inner.call(req).await?;
             let status = resp.status();
             if let Some(w) = resp.headers().get("warning") {
-                tracing::debug!(path = %path_and_query, warning = ?w, "API server warning");
+                tracing::debug!(url, warning = ?w, "API server warning");
+            }
+            if status.is_success() {
+                return Ok(resp);
             }
             let retry_after = resp
                 .headers()
@@ -534,247 +694,103 @@ impl KubeClient {
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
             let body = resp.into_body().collect().await?.to_bytes();
-            Ok(Answer {
-                status,
-                retry_after,
-                body,
+            let error = decode_status(&method, &url, status, &String::from_utf8_lossy(&body));
+            Err(Box::new(Answered { error, retry_after }) as BoxError)
+        })
+    }
+}
+
+/// What a failed list or watch of kube-runtime's watcher was, `url`
+/// naming the collection.
+pub fn watch_error(e: &watcher::Error, url: &str) -> ClientError {
+    use watcher::Error as W;
+    match e {
+        W::InitialListFailed(k) => ClientError::from_kube(k, "LIST", url),
+        W::WatchStartFailed(k) | W::WatchFailed(k) => ClientError::from_kube(k, "WATCH", url),
+        // A `Status` in the stream (410 Expired: the watcher lists again).
+        W::WatchError(r) => ClientError::Api(ApiError {
+            method: "WATCH".into(),
+            url: url.to_string(),
+            code: r.code,
+            reason: r.reason.clone(),
+            message: r.message.clone(),
+        }),
+        other => ClientError::Decode {
+            method: "WATCH".into(),
+            url: url.to_string(),
+            message: other.to_string(),
+        },
+    }
+}
+
+/// kube-runtime's watcher of `api` (`config`: its selector, timeout)
+/// into a reflector store, paused by `backoff` after each error: the
+/// store, and a stream with an `Ok` each time the store holds a whole
+/// list or a change since, and each error.
+pub fn watch_store<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    backoff: WatchBackoff,
+) -> (Store<K>, BoxStream<'static, Result<(), watcher::Error>>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let changes = reflector(writer, watcher(api, config))
+        .backoff(backoff)
+        .filter_map(|ev| {
+            futures::future::ready(match ev {
+                // The store shows the list once it is whole.
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
+                Ok(_) => Some(Ok(())),
+                Err(e) => Some(Err(e)),
             })
-        };
-        match tokio::time::timeout(self.inner.timeout, answer).await {
-            Ok(r) => r,
-            Err(_) => Err(kube::Error::Service(Box::new(TimedOut(self.inner.timeout)))),
-        }
-    }
+        })
+        .boxed();
+    (store, changes)
+}
 
-    async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        query: &[(&str, &str)],
-        body: Option<(&'static str, Vec<u8>)>,
-        expect: Expect<'_>,
-    ) -> Result<Value, ClientError> {
-        let url = format!("{}{}", self.inner.server, path);
-        let path_and_query = if query.is_empty() {
-            path.to_string()
-        } else {
-            let mut q = form_urlencoded_pairs(query);
-            q.insert(0, '?');
-            format!("{path}{q}")
-        };
-        let retry = self.inner.retry;
-        let deadline = Instant::now() + retry.budget;
-        let mut backoff = retry.initial_backoff;
-        let mut reauthenticated = false;
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            let (err, retry_after) = match self
-                .exchange(&method, &path_and_query, body.as_ref())
-                .await
-            {
-                Ok(a) if a.status.is_success() => {
-                    let decoded = if a.body.is_empty() {
-                        Ok(Value::Null)
-                    } else {
-                        serde_json::from_slice(&a.body).map_err(|e| e.to_string())
-                    };
-                    match decoded.and_then(|v| expect.check(v)) {
-                        Ok(v) => return Ok(v),
-                        // A truncated transfer or a proxy's error page:
-                        // worth another try. A write that did land is
-                        // then refused by its resourceVersion
-                        // precondition, and the caller re-reads.
-                        Err(message) => (
-                            ClientError::Decode {
-                                method: method.to_string(),
-                                url: url.clone(),
-                                message,
-                            },
-                            None,
-                        ),
-                    }
-                }
-                Ok(a) => {
-                    let text = String::from_utf8_lossy(&a.body);
-                    let err = ClientError::Api(decode_status(&method, &url, a.status, &text));
-                    if a.status == StatusCode::UNAUTHORIZED
-                        && !reauthenticated
-                        && self.inner.creds.refreshable()
-                    {
-                        // An expired token or exec credential: fetch a new one, once.
-                        reauthenticated = true;
-                        self.inner.creds.invalidate().await;
-                        tracing::info!(url = %url, "401 from the API server; refreshing the credential");
-                        continue;
-                    }
-                    let retryable = matches!(a.status.as_u16(), 429 | 500 | 502 | 503 | 504)
-                        || (a.retry_after.is_some() && a.status.is_server_error());
-                    if !retryable {
-                        return Err(err);
-                    }
-                    (err, a.retry_after)
-                }
-                Err(e) => {
-                    // No request was sent: no credential, or no client
-                    // for the exec plugin's certificate.
-                    if let Some(c) = credential_failure(&e) {
-                        return Err(ClientError::Credentials(c));
-                    }
-                    if let Some(c) = chain(&e)
-                        .into_iter()
-                        .find_map(|c| c.downcast_ref::<ClientError>().cloned())
-                    {
-                        return Err(c);
-                    }
-                    if let Some(msg) = tls_failure(&e) {
-                        return Err(ClientError::Tls {
-                            url: url.clone(),
-                            message: msg,
-                        });
-                    }
-                    let timeout = timed_out(&e);
-                    (
-                        ClientError::Transport {
-                            method: method.to_string(),
-                            url: url.clone(),
-                            message: error_chain(&e),
-                            timeout,
-                        },
-                        None,
-                    )
-                }
-            };
+/// The backoff of kube-runtime's watcher after a failed list or watch:
+/// from `first`, doubled up to `max`, jittered; back to `first` after
+/// any event.
+#[derive(Debug, Clone)]
+pub struct WatchBackoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+}
 
-            let wait = match retry_after {
-                Some(ra) => ra,
-                None => jitter(backoff),
-            };
-            backoff = (backoff * 2).min(retry.max_backoff);
-            if Instant::now() + wait > deadline {
-                tracing::warn!(url = %url, attempts = attempt, error = %err,
-                    "giving up: the retry budget is spent");
-                return Err(err);
-            }
-            tracing::debug!(url = %url, attempt, wait = ?wait, error = %err, "retrying");
-            tokio::time::sleep(wait).await;
+impl WatchBackoff {
+    /// A backoff from `first` to `max`.
+    pub fn new(first: Duration, max: Duration) -> Self {
+        WatchBackoff {
+            first,
+            max,
+            next: first,
         }
     }
 }
 
-/// A request that took longer than the client's timeout.
-#[derive(Debug, thiserror::Error)]
-#[error("no complete answer within {0:?}")]
-struct TimedOut(Duration);
+impl Iterator for WatchBackoff {
+    type Item = Duration;
 
-/// `k=v&k=v`, percent-encoded as a query string.
-fn form_urlencoded_pairs(query: &[(&str, &str)]) -> String {
-    let mut out = String::new();
-    for (i, (k, v)) in query.iter().enumerate() {
-        if i > 0 {
-            out.push('&');
-        }
-        out.push_str(&encode_component(k));
-        out.push('=');
-        out.push_str(&encode_component(v));
+    fn next(&mut self) -> Option<Duration> {
+        let d = self.next;
+        self.next = (d * 2).min(self.max);
+        Some(jitter(d))
     }
-    out
 }
 
-/// Percent-encode everything but the unreserved characters (RFC 3986).
-fn encode_component(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = self.first;
     }
-    out
 }
 
 /// Between half and all of `d`, so that daemons retrying together spread out.
 fn jitter(d: Duration) -> Duration {
     let f: f64 = rand::random_range(0.5..=1.0);
     d.mul_f64(f)
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct StatusBody {
-    kind: Option<String>,
-    reason: Option<String>,
-    message: Option<String>,
-}
-
-/// The `items` of a LIST answer: none when absent or null, an error when
-/// not a list. Public for the fuzz target `kube_json`.
-pub fn list_items(mut list: Value) -> Result<Vec<Value>, String> {
-    if !list.is_object() {
-        return Err(format!(
-            "a list answer is {}, not an object",
-            json_type(&list)
-        ));
-    }
-    match list.get_mut("items").map(Value::take) {
-        Some(Value::Array(items)) => Ok(items),
-        Some(Value::Null) | None => Ok(Vec::new()),
-        Some(_) => Err("`items` is not a list".into()),
-    }
-}
-
-/// What a successful answer must look like. A proxy's error page, a
-/// truncated transfer or another server answering `200 OK` must not be
-/// read as "the object has no labels" or "there are no pods": that could
-/// turn into a wrong permanent error or a wrong write.
-#[derive(Debug, Clone, Copy)]
-enum Expect<'a> {
-    /// One object, named so when the name is known.
-    Object(Option<&'a str>),
-    /// A list: an object with `items`, a list.
-    List,
-}
-
-impl Expect<'_> {
-    fn check(self, v: Value) -> Result<Value, String> {
-        if !v.is_object() {
-            return Err(format!("expected a JSON object, got {}", json_type(&v)));
-        }
-        match self {
-            Expect::Object(Some(name)) => match v["metadata"]["name"].as_str() {
-                Some(n) if n == name => Ok(v),
-                Some(n) => Err(format!("the answer is object {n:?}, not {name:?}")),
-                None => Err(format!(
-                    "the answer has no metadata.name (expected {name:?})"
-                )),
-            },
-            Expect::Object(None) => Ok(v),
-            // The API server always sends `items` (`[]` when empty); an
-            // object without it is not a list, not an empty one.
-            Expect::List => match v.get("items") {
-                Some(Value::Array(_) | Value::Null) => Ok(v),
-                Some(other) => Err(format!("`items` is {}, not a list", json_type(other))),
-                None => Err("the answer has no `items`: not a list".into()),
-            },
-        }
-    }
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// `metadata.name` of an object to create (None with `generateName`).
-fn body_name(body: &Value) -> Option<&str> {
-    body["metadata"]["name"].as_str()
 }
 
 /// Decode the body of an error answer (normally a `Status` object) the way
@@ -785,6 +801,17 @@ pub fn decode_error_body(method: &str, url: &str, code: u16, text: &str) -> Opti
     let method = Method::from_bytes(method.as_bytes()).ok()?;
     let status = StatusCode::from_u16(code).ok()?;
     Some(decode_status(&method, url, status, text))
+}
+
+/// The fields of a `Status` body picket reports (kube-core's `Status`
+/// needs `code` and `status`, which a proxy's or an old server's body may
+/// lack).
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct StatusBody {
+    kind: Option<String>,
+    reason: Option<String>,
+    message: Option<String>,
 }
 
 fn decode_status(method: &Method, url: &str, status: StatusCode, text: &str) -> ApiError {
@@ -843,46 +870,14 @@ fn chain<'a>(
     out
 }
 
-/// The rustls error behind a failed request, if that is what failed.
-fn tls_failure(e: &kube::Error) -> Option<String> {
-    chain(e)
-        .into_iter()
-        .find_map(|c| c.downcast_ref::<rustls::Error>().map(ToString::to_string))
-}
-
-/// A credential that could not be had (token file, exec plugin).
-fn credential_failure(e: &kube::Error) -> Option<CredentialError> {
-    chain(e)
-        .into_iter()
-        .find_map(|c| c.downcast_ref::<CredentialError>().cloned())
-}
-
-/// Whether the request ran out of time (ours, or the connector's).
-fn timed_out(e: &kube::Error) -> bool {
-    chain(e).into_iter().any(|c| {
-        c.is::<TimedOut>()
-            || c.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-    })
-}
-
-/// The kube-rs client for `cluster` with `identity` as client
-/// certificate; picket adds the bearer token to each request itself.
-fn build_kube(
-    cluster: &ClusterConfig,
-    identity: Option<&ClientIdentity>,
-    timeout: Duration,
-) -> Result<kube::Client, ClientError> {
-    build(cluster, identity, timeout, None, None)
-}
-
-/// [`build_kube`] with a read timeout and a bearer token of its own.
+/// The kube-rs client for `cluster` with `identity` as client certificate
+/// and the tokens of `creds`, with `read_timeout` for a watch.
 fn build(
     cluster: &ClusterConfig,
     identity: Option<&ClientIdentity>,
+    creds: &Arc<Credentials>,
     timeout: Duration,
     read_timeout: Option<Duration>,
-    token: Option<&str>,
 ) -> Result<kube::Client, ClientError> {
     crate::tls::install_crypto_provider();
     let invalid = || ClientError::InvalidServer(cluster.server.clone());
@@ -921,7 +916,6 @@ fn build(
     config.connect_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
     config.read_timeout = read_timeout;
-    config.auth_info.token = token.map(|t| t.to_string().into());
     // Only the kubeconfig's proxy-url: an HTTPS_PROXY meant for other
     // traffic must not capture the API server.
     config.proxy_url = match &cluster.proxy_url {
@@ -959,10 +953,18 @@ fn build(
             "the Kubernetes client must be built inside the Tokio runtime".into(),
         ));
     }
-    let client = kube::Client::try_from(config).map_err(|e| {
+    let stack = ClientBuilder::<KubeStack>::try_from(config).map_err(|e| {
         ClientError::TlsSetup(format!("client certificate or CA: {}", error_chain(&e)))
     })?;
-    Ok(client)
+    // kube's stack is not Clone; the buffer in front of it is, which the
+    // credential lookup (async, before the call) needs.
+    Ok(stack
+        .with_layer(&tower::buffer::BufferLayer::<Request<Body>>::new(1024))
+        .with_layer(&AuthorizeLayer {
+            creds: creds.clone(),
+            server: cluster.server.trim_end_matches('/').into(),
+        })
+        .build())
 }
 
 #[cfg(test)]
@@ -971,33 +973,34 @@ mod tests {
 
     #[test]
     fn answers_of_the_wrong_shape_are_refused() {
-        let pod = serde_json::json!({"kind": "Pod", "metadata": {"name": "cache-0"}});
-        assert!(Expect::Object(Some("cache-0")).check(pod.clone()).is_ok());
-        assert!(Expect::Object(None).check(pod.clone()).is_ok());
-        let e = Expect::Object(Some("cache-1"))
-            .check(pod.clone())
-            .unwrap_err();
-        assert!(e.contains("\"cache-0\", not \"cache-1\""), "{e}");
-        let e = Expect::Object(Some("cache-0"))
-            .check(serde_json::json!({"metadata": {}}))
-            .unwrap_err();
-        assert!(e.contains("no metadata.name"), "{e}");
-        for v in [Value::Null, serde_json::json!([1]), serde_json::json!("x")] {
-            assert!(Expect::Object(None).check(v.clone()).is_err(), "{v}");
-            assert!(Expect::List.check(v.clone()).is_err(), "{v}");
-        }
-        assert!(Expect::List.check(serde_json::json!({"items": []})).is_ok());
+        use k8s_openapi::api::core::v1::Pod;
+        let pod: Pod = serde_json::from_value(serde_json::json!(
+            {"kind": "Pod", "metadata": {"name": "cache-0"}}))
+        .unwrap();
+        assert!(named(pod.clone(), Some("cache-0")).is_ok());
+        assert!(named(pod.clone(), None).is_ok());
+        let e = named(pod, Some("cache-1")).unwrap_err();
+        let e = ClientError::from_kube(&e, "GET", "https://h/x");
+        assert!(matches!(&e, ClientError::Decode { .. }), "{e}");
         assert!(
-            Expect::List
-                .check(serde_json::json!({"items": null}))
-                .is_ok()
+            e.to_string().contains("\"cache-0\", not \"cache-1\""),
+            "{e}"
         );
-        assert!(Expect::List.check(pod).is_err(), "an object is not a list");
-        let e = Expect::List
-            .check(serde_json::json!({"items": "x"}))
-            .unwrap_err();
-        assert!(e.contains("a string, not a list"), "{e}");
-        assert!(list_items(serde_json::json!([1, 2])).is_err());
+        let e = named(Pod::default(), Some("cache-0")).unwrap_err();
+        assert!(error_chain(&e).contains("no metadata.name"), "{e}");
+        // What kube-rs decodes an answer into refuses what is not one.
+        for bad in ["null", "[1]", "\"x\"", r#"{"kind":"PodList","items":"x"}"#] {
+            assert!(serde_json::from_str::<Pod>(bad).is_err(), "{bad}");
+            assert!(
+                serde_json::from_str::<kube::core::ObjectList<Pod>>(bad).is_err(),
+                "{bad}"
+            );
+        }
+        let no_items = r#"{"kind":"Pod","metadata":{"name":"p"}}"#;
+        assert!(serde_json::from_str::<kube::core::ObjectList<Pod>>(no_items).is_err());
+        let null_items = r#"{"apiVersion":"v1","kind":"PodList","metadata":{},"items":null}"#;
+        let l: kube::core::ObjectList<Pod> = serde_json::from_str(null_items).unwrap();
+        assert!(l.items.is_empty());
     }
 
     #[test]
@@ -1077,17 +1080,5 @@ mod tests {
         };
         let e = KubeClient::new(c, t).unwrap_err();
         assert!(e.to_string().contains("client certificate"), "{e}");
-    }
-
-    #[test]
-    fn paths() {
-        assert_eq!(
-            Kind::Pod.object_path("ns", "p"),
-            "/api/v1/namespaces/ns/pods/p"
-        );
-        assert_eq!(
-            Kind::EndpointSlice.collection_path("ns"),
-            "/apis/discovery.k8s.io/v1/namespaces/ns/endpointslices"
-        );
     }
 }

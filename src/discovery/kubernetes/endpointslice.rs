@@ -7,11 +7,13 @@
 //! so the Service never routes to two masters, and the switch from one
 //! master to the next is a single write (unlike pod labels).
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
-use serde_json::{Value, json};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::client::{Kind, KubeClient, PatchType};
+use super::client::{KubeClient, Objects};
 use super::{CONFLICT_ATTEMPTS, EPOCH_ANNOTATION, check_epoch, label, resource_version};
 use crate::discovery::{DiscoveryError, Fence, Topology};
 
@@ -26,7 +28,7 @@ pub const MANAGED_BY: &str = "picket.io";
 /// Writes the group's EndpointSlice.
 #[derive(Debug, Clone)]
 pub struct EndpointSliceWriter {
-    client: KubeClient,
+    slices: Objects<EndpointSlice>,
     namespace: String,
     service: String,
     port_name: String,
@@ -37,7 +39,7 @@ impl EndpointSliceWriter {
     /// A writer for the slice of `service` in `namespace`.
     pub fn new(client: KubeClient, namespace: &str, service: &str, port_name: &str) -> Self {
         EndpointSliceWriter {
-            client,
+            slices: client.api(namespace),
             namespace: namespace.to_string(),
             service: service.to_string(),
             port_name: port_name.to_string(),
@@ -50,12 +52,38 @@ impl EndpointSliceWriter {
         &self.name
     }
 
-    fn labels(&self) -> Value {
-        json!({ SERVICE_NAME_LABEL: self.service, MANAGED_BY_LABEL: MANAGED_BY })
-    }
-
-    fn ports(&self, port: u16) -> Value {
-        json!([{ "name": self.port_name, "port": port, "protocol": "TCP" }])
+    /// The slice as picket writes it, at `epoch`: its labels, the epoch
+    /// annotation, IPv4, `endpoints` and the one port.
+    fn slice(&self, epoch: u64, endpoints: Vec<Endpoint>, port: u16) -> EndpointSlice {
+        let labels = [
+            (SERVICE_NAME_LABEL, self.service.as_str()),
+            (MANAGED_BY_LABEL, MANAGED_BY),
+        ];
+        EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                annotations: Some(BTreeMap::from([(
+                    EPOCH_ANNOTATION.to_string(),
+                    epoch.to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints,
+            ports: Some(vec![EndpointPort {
+                name: Some(self.port_name.clone()),
+                port: Some(i32::from(port)),
+                protocol: Some("TCP".into()),
+                app_protocol: None,
+            }]),
+        }
     }
 
     /// Empty the slice (no endpoint routes), unless a write of this epoch
@@ -67,30 +95,20 @@ impl EndpointSliceWriter {
             .await
             .ok()
             .and_then(|h| h.parse().ok());
+        let want = self.slice(fence.epoch, Vec::new(), fence.old_master.port);
         let out = self
-            .write(
-                fence.epoch,
-                json!([]),
-                self.ports(fence.old_master.port),
-                |slice, stored| {
-                    let endpoints = slice.get("endpoints").and_then(Value::as_array);
-                    let holds_old = endpoints.into_iter().flatten().any(|ep| {
-                        ep.get("addresses")
-                            .and_then(Value::as_array)
-                            .into_iter()
-                            .flatten()
-                            .any(|a| {
-                                a.as_str()
-                                    .and_then(|s| s.parse::<Ipv4Addr>().ok())
-                                    .is_some_and(|ip| Some(ip) == old_ip)
-                            })
-                    });
-                    let empty = endpoints.is_none_or(|e| e.is_empty());
-                    // Same epoch: either already fenced, or the new master of
-                    // this very epoch is in (a retried fence must not undo it).
-                    stored == Some(fence.epoch) && (empty || !holds_old)
-                },
-            )
+            .write(fence.epoch, want, |slice, stored| {
+                let holds_old = slice.endpoints.iter().any(|ep| {
+                    ep.addresses.iter().any(|a| {
+                        a.parse::<Ipv4Addr>()
+                            .ok()
+                            .is_some_and(|ip| Some(ip) == old_ip)
+                    })
+                });
+                // Same epoch: either already fenced, or the new master of
+                // this very epoch is in (a retried fence must not undo it).
+                stored == Some(fence.epoch) && (slice.endpoints.is_empty() || !holds_old)
+            })
             .await?;
         if out {
             tracing::info!(group = %fence.group, epoch = fence.epoch, slice = %self.name,
@@ -104,15 +122,19 @@ impl EndpointSliceWriter {
         // Checked before any request: the API server would answer 422, and
         // a refusal found only at the first failover is found too late.
         let ip = slice_address(&resolve(&t.master.host, t.master.port).await?)?;
-        let endpoints = json!([{
-            "addresses": [ip.to_string()],
-            "conditions": { "ready": true, "serving": true, "terminating": false },
-        }]);
-        let ports = self.ports(t.master.port);
-        let want_endpoints = endpoints.clone();
-        let want_ports = ports.clone();
+        let endpoints = vec![Endpoint {
+            addresses: vec![ip.to_string()],
+            conditions: Some(EndpointConditions {
+                ready: Some(true),
+                serving: Some(true),
+                terminating: Some(false),
+            }),
+            ..Endpoint::default()
+        }];
+        let want = self.slice(t.epoch, endpoints, t.master.port);
+        let (want_endpoints, want_ports) = (normalized_endpoints(&want), normalized_ports(&want));
         let out = self
-            .write(t.epoch, endpoints, ports, move |slice, stored| {
+            .write(t.epoch, want, move |slice, stored| {
                 stored == Some(t.epoch)
                     && normalized_endpoints(slice) == want_endpoints
                     && normalized_ports(slice) == want_ports
@@ -125,37 +147,21 @@ impl EndpointSliceWriter {
         Ok(())
     }
 
-    /// Create the slice or patch it conditionally; `done(slice, stored
-    /// epoch)` says the existing slice needs no write. Returns whether it wrote.
+    /// Create the slice as `want` (at `epoch`) or patch it conditionally to it;
+    /// `done(slice, stored epoch)` says the existing slice needs no write.
+    /// Returns whether it wrote.
     async fn write(
         &self,
         epoch: u64,
-        endpoints: Value,
-        ports: Value,
-        done: impl Fn(&Value, Option<u64>) -> bool,
+        mut want: EndpointSlice,
+        done: impl Fn(&EndpointSlice, Option<u64>) -> bool,
     ) -> Result<bool, DiscoveryError> {
         let ns = &self.namespace;
         let mut last = None;
         for _ in 0..CONFLICT_ATTEMPTS {
-            let existing = self
-                .client
-                .get_opt(Kind::EndpointSlice, ns, &self.name)
-                .await?;
-            let Some(slice) = existing else {
-                let body = json!({
-                    "apiVersion": "discovery.k8s.io/v1",
-                    "kind": "EndpointSlice",
-                    "metadata": {
-                        "name": self.name,
-                        "namespace": ns,
-                        "labels": self.labels(),
-                        "annotations": { EPOCH_ANNOTATION: epoch.to_string() },
-                    },
-                    "addressType": "IPv4",
-                    "ports": ports,
-                    "endpoints": endpoints,
-                });
-                match self.client.create(Kind::EndpointSlice, ns, &body).await {
+            let Some(slice) = self.slices.get_opt(&self.name).await? else {
+                want.metadata.resource_version = None;
+                match self.slices.create(&want).await {
                     Ok(_) => return Ok(true),
                     Err(e) if e.is_already_exists() => {
                         last = Some(e);
@@ -164,37 +170,27 @@ impl EndpointSliceWriter {
                     Err(e) => return Err(e.into()),
                 }
             };
-            let stored = check_epoch(&slice, epoch)?;
-            let address_type = slice.get("addressType").and_then(Value::as_str);
-            if address_type != Some("IPv4") {
+            let stored = check_epoch(&slice.metadata, epoch)?;
+            if slice.address_type != "IPv4" {
                 // addressType is immutable; only deleting the slice helps.
                 return Err(DiscoveryError::Permanent(format!(
                     "kubernetes: EndpointSlice {ns}/{} has addressType {:?}, picket needs IPv4; \
                      delete it and picket will create it",
-                    self.name, address_type
+                    self.name, slice.address_type
                 )));
             }
-            let labelled = label(&slice, SERVICE_NAME_LABEL) == Some(self.service.as_str())
-                && label(&slice, MANAGED_BY_LABEL) == Some(MANAGED_BY);
+            let labelled = label(&slice.metadata, SERVICE_NAME_LABEL)
+                == Some(self.service.as_str())
+                && label(&slice.metadata, MANAGED_BY_LABEL) == Some(MANAGED_BY);
             if labelled && done(&slice, stored) {
                 return Ok(false);
             }
-            // endpoints and ports are atomic lists: a merge patch replaces
-            // them whole, and leaves fields others own (ownerReferences) alone.
-            let body = json!({
-                "metadata": {
-                    "resourceVersion": resource_version(&slice),
-                    "labels": self.labels(),
-                    "annotations": { EPOCH_ANNOTATION: epoch.to_string() },
-                },
-                "ports": ports,
-                "endpoints": endpoints,
-            });
-            match self
-                .client
-                .patch(Kind::EndpointSlice, ns, &self.name, PatchType::Merge, &body)
-                .await
-            {
+            // The whole slice as a merge patch, conditional on the version
+            // just read: endpoints and ports are atomic lists, replaced
+            // whole; the labels and annotations are merged into the
+            // slice's, and fields others own (ownerReferences) are left alone.
+            want.metadata.resource_version = Some(resource_version(&slice.metadata));
+            match self.slices.merge_patch(&self.name, &want).await {
                 Ok(_) => return Ok(true),
                 Err(e) if e.is_conflict() || e.is_not_found() => {
                     tracing::debug!(slice = %self.name, error = %e, "reading the slice again");
@@ -307,49 +303,31 @@ pub fn slice_address(host: &str) -> Result<Ipv4Addr, DiscoveryError> {
     Ok(v4)
 }
 
-/// The slice's endpoints reduced to the fields picket sets.
-pub fn normalized_endpoints(slice: &Value) -> Value {
-    let eps = slice
-        .get("endpoints")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    Value::Array(
-        eps.iter()
-            .map(|ep| {
-                let c = ep.get("conditions").cloned().unwrap_or(Value::Null);
-                json!({
-                    "addresses": ep.get("addresses").cloned().unwrap_or(Value::Null),
-                    "conditions": {
-                        "ready": c.get("ready").cloned().unwrap_or(Value::Null),
-                        "serving": c.get("serving").cloned().unwrap_or(Value::Null),
-                        "terminating": c.get("terminating").cloned().unwrap_or(Value::Null),
-                    },
-                })
-            })
-            .collect(),
-    )
+/// The slice's endpoints reduced to the fields picket sets: addresses
+/// and the three conditions (missing conditions are all unset).
+pub fn normalized_endpoints(slice: &EndpointSlice) -> Vec<(Vec<String>, [Option<bool>; 3])> {
+    slice
+        .endpoints
+        .iter()
+        .map(|ep| {
+            let c = ep.conditions.clone().unwrap_or_default();
+            (ep.addresses.clone(), [c.ready, c.serving, c.terminating])
+        })
+        .collect()
 }
 
-/// The slice's ports reduced to the fields picket sets.
-pub fn normalized_ports(slice: &Value) -> Value {
-    let ports = slice
-        .get("ports")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    Value::Array(
-        ports
-            .iter()
-            .map(|p| {
-                json!({
-                    "name": p.get("name").cloned().unwrap_or(Value::Null),
-                    "port": p.get("port").cloned().unwrap_or(Value::Null),
-                    "protocol": p.get("protocol").cloned().unwrap_or(json!("TCP")),
-                })
-            })
-            .collect(),
-    )
+/// The slice's ports reduced to the fields picket sets (a missing
+/// protocol is TCP, as the API server defaults it).
+pub fn normalized_ports(slice: &EndpointSlice) -> Vec<(Option<String>, Option<i32>, String)> {
+    slice
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| {
+            let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+            (p.name.clone(), p.port, protocol)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -5,28 +5,33 @@
 //! some milliseconds later (3–50 ms on a real control plane). So the fence
 //! is confirmed only once no EndpointSlice of the Service (label
 //! `kubernetes.io/service-name=<service>`) lists the old master's IP, and
-//! the publication only once one lists the new master's IP as ready. Both
-//! waits poll the slices and are bounded by `service_gate_timeout`; when it
-//! passes the write fails permanently (the fence of a required backend
-//! then aborts the failover before the promotion).
+//! the publication only once one lists the new master's IP as ready. Each
+//! wait watches the slices with kube-runtime's watcher (a LIST, then a
+//! WATCH from its version: the change shows as soon as the controller
+//! writes it) and is bounded by `service_gate_timeout`; when it passes the
+//! write fails permanently (the fence of a required backend then aborts
+//! the failover before the promotion).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::StreamExt as _;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::Api;
+use kube::runtime::watcher;
 use serde::Serialize;
-use serde_json::Value;
 use tokio::time::Instant;
 
-use super::client::{Kind, KubeClient};
+use super::client::{KubeClient, WatchBackoff, watch_error, watch_store};
 use super::endpointslice::SERVICE_NAME_LABEL;
 use crate::discovery::DiscoveryError;
 use crate::metrics as m;
 
-/// The first delay between two reads of the slices; doubled up to
-/// [`POLL_MAX`]. Short, because the controller takes milliseconds.
-const POLL_FIRST: Duration = Duration::from_millis(10);
-/// The longest delay between two reads of the slices.
-const POLL_MAX: Duration = Duration::from_millis(100);
+/// The first wait after a failed list or watch of the slices; doubled up
+/// to [`RETRY_MAX`]. Short: the whole wait is bounded by seconds.
+const RETRY_FIRST: Duration = Duration::from_millis(10);
+/// The longest wait after a failed list or watch of the slices.
+const RETRY_MAX: Duration = Duration::from_millis(200);
 
 /// Which wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -156,35 +161,20 @@ impl ServiceGate {
         kind: GateKind,
         epoch: u64,
         ip: &str,
-        done: impl Fn(&[Value]) -> bool,
+        done: impl Fn(&[Arc<EndpointSlice>]) -> bool,
     ) -> Result<(), DiscoveryError> {
         let started = Instant::now();
-        let deadline = started + self.timeout;
-        let selector = format!("{SERVICE_NAME_LABEL}={}", self.service);
-        let mut delay = POLL_FIRST;
         let mut last_error = None;
-        let result = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            // The client's own retry budget may be longer than the gate's.
-            match tokio::time::timeout(
-                left,
-                self.client
-                    .list(Kind::EndpointSlice, &self.namespace, Some(&selector)),
-            )
-            .await
-            {
-                Ok(Ok(slices)) if done(&slices) => break Ok(()),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) if e.is_transient() => last_error = Some(e.to_string()),
-                Ok(Err(e)) => break Err((GateResult::Error, e.to_string())),
-                Err(_) => {}
-            }
-            if Instant::now() >= deadline {
+        let watched = tokio::time::timeout(self.timeout, self.watch(&done, &mut last_error)).await;
+        let result = match watched {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err((GateResult::Error, message)),
+            Err(_) => {
                 let what = match kind {
                     GateKind::Fence => format!("still lists the old master {ip}"),
                     GateKind::Publish => format!("lists no ready endpoint {ip} (the new master)"),
                 };
-                break Err((
+                Err((
                     GateResult::Timeout,
                     format!(
                         "the Service {}/{} {what} after service_gate_timeout {} (is the \
@@ -198,11 +188,8 @@ impl ServiceGate {
                             .map(|e| format!("; last error: {e}"))
                             .unwrap_or_default()
                     ),
-                ));
+                ))
             }
-            // The last read comes at the deadline itself.
-            tokio::time::sleep(delay.min(deadline.saturating_duration_since(Instant::now()))).await;
-            delay = (delay * 2).min(POLL_MAX);
         };
         let took = started.elapsed();
         let outcome = match &result {
@@ -238,34 +225,71 @@ impl ServiceGate {
             Err((_, message)) => Err(DiscoveryError::Permanent(format!("kubernetes: {message}"))),
         }
     }
+
+    /// Watch the Service's slices until `done` holds for all of them;
+    /// an error that waiting cannot cure (403) ends it. Transient errors
+    /// are kept in `last_error` for the timeout's message.
+    async fn watch(
+        &self,
+        done: &impl Fn(&[Arc<EndpointSlice>]) -> bool,
+        last_error: &mut Option<String>,
+    ) -> Result<(), String> {
+        let selector = format!("{SERVICE_NAME_LABEL}={}", self.service);
+        let url = format!(
+            "{}/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices",
+            self.client.server(),
+            self.namespace
+        );
+        let mut backoff = WatchBackoff::new(RETRY_FIRST, RETRY_MAX);
+        let mut reauthenticated = false;
+        loop {
+            let client = match self.client.kube_client().await {
+                Ok(c) => c,
+                Err(e) if e.is_transient() => {
+                    *last_error = Some(e.to_string());
+                    tokio::time::sleep(backoff.next().unwrap_or(RETRY_MAX)).await;
+                    continue;
+                }
+                Err(e) => return Err(e.to_string()),
+            };
+            let api: Api<EndpointSlice> = Api::namespaced(client, &self.namespace);
+            let config = watcher::Config::default().labels(&selector);
+            let (slices, mut changes) = watch_store(api, config, backoff.clone());
+            while let Some(change) = changes.next().await {
+                let e = match change {
+                    Ok(()) if done(&slices.state()) => return Ok(()),
+                    Ok(()) => continue,
+                    Err(e) => watch_error(&e, &url),
+                };
+                match e.code() {
+                    // The watcher lists again by itself.
+                    Some(410) => {}
+                    Some(401) if !reauthenticated && self.client.reauthenticate().await => {
+                        reauthenticated = true;
+                    }
+                    _ if e.is_transient() => *last_error = Some(e.to_string()),
+                    _ => return Err(e.to_string()),
+                }
+            }
+        }
+    }
 }
 
 /// Whether `slice` has an endpoint with address `ip` (ready, when
 /// `ready_only`; a missing `ready` counts as ready, as the API defines it).
-pub fn lists(slice: &Value, ip: &str, ready_only: bool) -> bool {
+pub fn lists(slice: &EndpointSlice, ip: &str, ready_only: bool) -> bool {
     let want: Option<std::net::IpAddr> = ip.parse().ok();
-    slice
-        .get("endpoints")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .any(|ep| {
-            let has = ep
-                .get("addresses")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .any(|a| match (a.parse::<std::net::IpAddr>().ok(), want) {
-                    (Some(x), Some(y)) => x == y,
-                    _ => a == ip,
-                });
-            let ready = ep
-                .pointer("/conditions/ready")
-                .and_then(Value::as_bool)
-                .unwrap_or(true);
-            has && (!ready_only || ready)
-        })
+    slice.endpoints.iter().any(|ep| {
+        let has = ep
+            .addresses
+            .iter()
+            .any(|a| match (a.parse::<std::net::IpAddr>().ok(), want) {
+                (Some(x), Some(y)) => x == y,
+                _ => a == ip,
+            });
+        let ready = ep.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+        has && (!ready_only || ready)
+    })
 }
 
 #[cfg(test)]
@@ -288,10 +312,11 @@ mod tests {
 
     #[test]
     fn listing() {
-        let s = json!({"endpoints": [
+        let slice = |v: serde_json::Value| -> EndpointSlice { serde_json::from_value(v).unwrap() };
+        let s = slice(json!({"addressType": "IPv4", "endpoints": [
             {"addresses": ["10.0.0.1"], "conditions": {"ready": false}},
             {"addresses": ["10.0.0.2"], "conditions": {}},
-        ]});
+        ]}));
         assert!(lists(&s, "10.0.0.1", false));
         assert!(!lists(&s, "10.0.0.1", true), "not ready");
         assert!(
@@ -299,6 +324,10 @@ mod tests {
             "no ready field counts as ready"
         );
         assert!(!lists(&s, "10.0.0.3", false));
-        assert!(!lists(&json!({"endpoints": null}), "10.0.0.1", false));
+        assert!(!lists(
+            &slice(json!({"addressType": "IPv4", "endpoints": null})),
+            "10.0.0.1",
+            false
+        ));
     }
 }

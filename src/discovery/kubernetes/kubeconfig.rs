@@ -16,6 +16,8 @@ use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
+use kube::config as kc;
+use secrecy::ExposeSecret as _;
 use serde::Deserialize;
 use tokio::time::Instant;
 
@@ -59,23 +61,6 @@ pub struct ClientIdentity {
     pub cert_pem: Vec<u8>,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1).
     pub key_pem: Vec<u8>,
-}
-
-impl ClientIdentity {
-    /// Certificate and key in one PEM buffer, with the newline between the
-    /// two that a missing trailing newline would otherwise swallow (the
-    /// result would not parse).
-    pub fn combined_pem(&self) -> Vec<u8> {
-        let mut out = self.cert_pem.clone();
-        if out.last() != Some(&b'\n') {
-            out.push(b'\n');
-        }
-        out.extend_from_slice(&self.key_pem);
-        if out.last() != Some(&b'\n') {
-            out.push(b'\n');
-        }
-        out
-    }
 }
 
 impl fmt::Debug for ClientIdentity {
@@ -233,103 +218,8 @@ pub enum KubeconfigError {
     },
 }
 
-// ---- the kubeconfig file format (the subset picket reads) ----
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(default)]
-struct RawKubeconfig {
-    clusters: Vec<NamedCluster>,
-    users: Vec<NamedUser>,
-    contexts: Vec<NamedContext>,
-    #[serde(rename = "current-context")]
-    current_context: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct NamedCluster {
-    name: String,
-    #[serde(default)]
-    cluster: RawCluster,
-}
-
-#[derive(Debug, Deserialize)]
-struct NamedUser {
-    name: String,
-    #[serde(default)]
-    user: RawUser,
-}
-
-#[derive(Debug, Deserialize)]
-struct NamedContext {
-    name: String,
-    #[serde(default)]
-    context: RawContext,
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(default, rename_all = "kebab-case")]
-struct RawCluster {
-    server: Option<String>,
-    certificate_authority: Option<PathBuf>,
-    certificate_authority_data: Option<String>,
-    insecure_skip_tls_verify: bool,
-    tls_server_name: Option<String>,
-    proxy_url: Option<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default, rename_all = "kebab-case")]
-struct RawUser {
-    token: Option<String>,
-    #[serde(rename = "tokenFile")]
-    token_file: Option<PathBuf>,
-    client_certificate: Option<PathBuf>,
-    client_certificate_data: Option<String>,
-    client_key: Option<PathBuf>,
-    client_key_data: Option<String>,
-    exec: Option<RawExec>,
-    auth_provider: Option<serde_json::Value>,
-    username: Option<String>,
-    password: Option<String>,
-}
-
-// Hand-written so that a parse-level debug print can never show a token.
-impl fmt::Debug for RawUser {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RawUser")
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
-            .field("token_file", &self.token_file)
-            .field("client_certificate", &self.client_certificate)
-            .field("client_key", &self.client_key)
-            .field("exec", &self.exec.as_ref().map(|e| &e.command))
-            .finish_non_exhaustive()
-    }
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct RawContext {
-    cluster: Option<String>,
-    user: Option<String>,
-    namespace: Option<String>,
-}
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(default, rename_all = "camelCase")]
-struct RawExec {
-    api_version: Option<String>,
-    command: Option<String>,
-    args: Vec<String>,
-    env: Option<Vec<RawEnv>>,
-    provide_cluster_info: bool,
-    interactive_mode: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct RawEnv {
-    name: String,
-    value: String,
-}
+// The kubeconfig file format is kube-rs's (`kube::config::Kubeconfig`),
+// read with serde-saphyr; its secrets are `SecretString`s, which never print.
 
 const EXEC_V1: &str = "client.authentication.k8s.io/v1";
 const EXEC_V1BETA1: &str = "client.authentication.k8s.io/v1beta1";
@@ -363,7 +253,7 @@ impl ClusterConfig {
         dir: &Path,
         context: Option<&str>,
     ) -> Result<Self, KubeconfigError> {
-        let raw: RawKubeconfig =
+        let raw: kc::Kubeconfig =
             serde_saphyr::from_str(text).map_err(|e| KubeconfigError::Parse {
                 path: path.to_path_buf(),
                 message: e.to_string(),
@@ -390,7 +280,8 @@ impl ClusterConfig {
                     .collect::<Vec<_>>()
                     .join(", "),
             })?;
-        let cluster_name = ctx.context.cluster.clone().unwrap_or_default();
+        let ctx_fields = ctx.context.clone().unwrap_or_default();
+        let cluster_name = ctx_fields.cluster.clone();
         let cluster = raw
             .clusters
             .iter()
@@ -401,9 +292,9 @@ impl ClusterConfig {
                 cluster: cluster_name.clone(),
             })?;
         // A context without a user is legal (e.g. an unauthenticated proxy).
-        let user = match ctx.context.user.as_deref() {
+        let user = match ctx_fields.user.as_deref() {
             None | Some("") => None,
-            Some(u) => Some(raw.users.iter().find(|x| x.name == u).ok_or_else(|| {
+            Some(u) => Some(raw.auth_infos.iter().find(|x| x.name == u).ok_or_else(|| {
                 KubeconfigError::UserNotFound {
                     path: path.to_path_buf(),
                     context: ctx_name.clone(),
@@ -413,7 +304,8 @@ impl ClusterConfig {
         };
 
         let cplace = format!("cluster {:?}", cluster.name);
-        let c = &cluster.cluster;
+        let c = cluster.cluster.clone().unwrap_or_default();
+        let insecure_skip_tls_verify = c.insecure_skip_tls_verify.unwrap_or(false);
         let server = c
             .server
             .as_deref()
@@ -440,10 +332,10 @@ impl ClusterConfig {
             "certificate-authority-data",
             c.certificate_authority_data.as_deref(),
             "certificate-authority",
-            c.certificate_authority.as_deref(),
+            c.certificate_authority.as_deref().map(Path::new),
             dir,
         )?;
-        if ca_pem.is_none() && !c.insecure_skip_tls_verify && server.starts_with("https://") {
+        if ca_pem.is_none() && !insecure_skip_tls_verify && server.starts_with("https://") {
             return Err(KubeconfigError::Missing {
                 place: cplace,
                 field: "certificate-authority or certificate-authority-data \
@@ -455,7 +347,7 @@ impl ClusterConfig {
         let mut auth = AuthConfig::None;
         if let Some(u) = user {
             let uplace = format!("user {:?}", u.name);
-            let user = &u.user;
+            let user = u.auth_info.clone().unwrap_or_default();
             if user.auth_provider.is_some() {
                 return Err(KubeconfigError::Unsupported {
                     place: uplace,
@@ -473,15 +365,15 @@ impl ClusterConfig {
                 "client-certificate-data",
                 user.client_certificate_data.as_deref(),
                 "client-certificate",
-                user.client_certificate.as_deref(),
+                user.client_certificate.as_deref().map(Path::new),
                 dir,
             )?;
             let key = data_or_file(
                 &uplace,
                 "client-key-data",
-                user.client_key_data.as_deref(),
+                user.client_key_data.as_ref().map(|k| k.expose_secret()),
                 "client-key",
-                user.client_key.as_deref(),
+                user.client_key.as_deref().map(Path::new),
                 dir,
             )?;
             client_identity = match (cert, key) {
@@ -501,10 +393,11 @@ impl ClusterConfig {
                 }
             };
             // kubectl's precedence: a literal token, then a token file, then exec.
-            auth = if let Some(t) = user.token.as_deref().filter(|t| !t.is_empty()) {
+            let token = user.token.as_ref().map(|t| t.expose_secret());
+            auth = if let Some(t) = token.filter(|t| !t.is_empty()) {
                 AuthConfig::Token(Secret::new(t.trim()))
             } else if let Some(f) = &user.token_file {
-                AuthConfig::TokenFile(resolve(dir, f))
+                AuthConfig::TokenFile(resolve(dir, Path::new(f)))
             } else if let Some(e) = &user.exec {
                 AuthConfig::Exec(exec_config(&uplace, e, dir)?)
             } else {
@@ -515,11 +408,11 @@ impl ClusterConfig {
         Ok(ClusterConfig {
             server,
             ca_pem,
-            insecure_skip_tls_verify: c.insecure_skip_tls_verify,
+            insecure_skip_tls_verify,
             tls_server_name: c.tls_server_name.clone().filter(|s| !s.is_empty()),
             client_identity,
             auth,
-            namespace: ctx.context.namespace.clone().filter(|s| !s.is_empty()),
+            namespace: ctx_fields.namespace.clone().filter(|s| !s.is_empty()),
             proxy_url,
         })
     }
@@ -654,7 +547,7 @@ fn data_or_file(
     }
 }
 
-fn exec_config(place: &str, e: &RawExec, dir: &Path) -> Result<ExecConfig, KubeconfigError> {
+fn exec_config(place: &str, e: &kc::ExecConfig, dir: &Path) -> Result<ExecConfig, KubeconfigError> {
     let api_version = e.api_version.clone().unwrap_or_default();
     if api_version != EXEC_V1 && api_version != EXEC_V1BETA1 {
         return Err(KubeconfigError::Unsupported {
@@ -662,7 +555,7 @@ fn exec_config(place: &str, e: &RawExec, dir: &Path) -> Result<ExecConfig, Kubec
             what: format!("exec apiVersion {api_version:?} (use {EXEC_V1} or {EXEC_V1BETA1})"),
         });
     }
-    if e.interactive_mode.as_deref() == Some("Always") {
+    if e.interactive_mode == Some(kc::ExecInteractiveMode::Always) {
         return Err(KubeconfigError::Unsupported {
             place: place.to_string(),
             what: "exec interactiveMode Always (picket is a daemon without a terminal)".into(),
@@ -686,12 +579,13 @@ fn exec_config(place: &str, e: &RawExec, dir: &Path) -> Result<ExecConfig, Kubec
     Ok(ExecConfig {
         api_version,
         command,
-        args: e.args.clone(),
+        args: e.args.clone().unwrap_or_default(),
+        // Each entry is `{name: ..., value: ...}`.
         env: e
             .env
             .iter()
             .flatten()
-            .map(|v| (v.name.clone(), v.value.clone()))
+            .filter_map(|v| Some((v.get("name")?.clone(), v.get("value")?.clone())))
             .collect(),
         provide_cluster_info: e.provide_cluster_info,
         timeout: DEFAULT_EXEC_TIMEOUT,
@@ -1017,28 +911,13 @@ pub fn decode_exec_credential(
     Ok((AuthMaterial { token, identity }, expires))
 }
 
-/// RFC 3339 with `Z` or a numeric offset (`+02:00`).
+/// RFC 3339 with `Z` or a numeric offset (`+02:00`), as the exec
+/// credential's `expirationTimestamp` is (chrono, k8s-openapi's own time
+/// crate).
 pub(crate) fn parse_timestamp(ts: &str) -> Option<SystemTime> {
-    if ts.ends_with('Z') || ts.ends_with('z') {
-        return humantime::parse_rfc3339(&ts.replace('z', "Z")).ok();
-    }
-    // The offset is the last 6 bytes; in text that is not a timestamp they
-    // may start inside a multi-byte character, so no plain split or slice.
-    let (base, off) = ts.split_at_checked(ts.len().checked_sub(6)?)?;
-    let ob = off.as_bytes();
-    if ob[3] != b':' || (ob[0] != b'+' && ob[0] != b'-') {
-        return None;
-    }
-    let hours: u64 = off.get(1..3)?.parse().ok()?;
-    let mins: u64 = off.get(4..6)?.parse().ok()?;
-    let t = humantime::parse_rfc3339(&format!("{base}Z")).ok()?;
-    let shift = Duration::from_secs(hours * 3600 + mins * 60);
-    // Local time = UTC + offset, so UTC = local - offset.
-    if ob[0] == b'+' {
-        t.checked_sub(shift)
-    } else {
-        t.checked_add(shift)
-    }
+    k8s_openapi::chrono::DateTime::parse_from_rfc3339(ts)
+        .ok()
+        .map(SystemTime::from)
 }
 
 #[cfg(test)]
@@ -1179,7 +1058,6 @@ contexts:
         let id = c.client_identity.clone().unwrap();
         assert_eq!(id.cert_pem, b"CERT FROM FILE");
         assert_eq!(id.key_pem, b"KEY FROM DATA", "-data wins over the path");
-        assert_eq!(id.combined_pem(), b"CERT FROM FILE\nKEY FROM DATA\n");
         assert_eq!(c.auth, AuthConfig::None);
         // The key never shows in debug output.
         let dbg = format!("{c:?}");

@@ -1,27 +1,27 @@
 //! A group's members from Kubernetes: the pods a label selector matches,
 //! kept current by kube-runtime's watcher (a LIST, then WATCHes from its
-//! resourceVersion with bookmarks; a `410 Gone` lists again), as
-//! client-go's reflector does. Errors are reported with the pods as last
-//! seen, and the watcher is polled again after a jittered backoff.
+//! resourceVersion with bookmarks; a `410 Gone` lists again) into
+//! kube-runtime's reflector store, as client-go's reflector does. Errors
+//! are reported with the pods as last seen, and the watcher tries again
+//! after a jittered backoff.
 //!
 //! The watcher only reports what the pods are; the group's task decides
 //! what to do with a new member, a gone one or a master whose pod is being
 //! deleted (`group/members.rs`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::Api;
 use kube::runtime::watcher;
-use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::client::KubeClient;
+use super::client::{KubeClient, WatchBackoff, watch_error, watch_store};
 use super::kubeconfig::ClusterConfig;
+use super::podlabels::container_ports;
 use crate::addr::Addr;
 use crate::config::{MembersConfig, PortRef};
 use crate::discovery::DiscoveryError;
@@ -121,89 +121,64 @@ impl PodWatch {
     }
 
     async fn watch_loop(&self, tx: &watch::Sender<Option<Arc<Members>>>) {
-        let mut pods: BTreeMap<String, Value> = BTreeMap::new();
-        let mut backoff = BACKOFF_FIRST;
         let secs = u32::try_from(self.watch_timeout.as_secs().max(1)).unwrap_or(u32::MAX);
+        let url = format!(
+            "{}/api/v1/namespaces/{}/pods",
+            self.client.server(),
+            self.namespace
+        );
+        let mut backoff = WatchBackoff::new(BACKOFF_FIRST, BACKOFF_MAX);
         loop {
-            // A client with the credential of now (a new one after a 401:
-            // a rotated token file, an exec plugin run again).
+            // A client for the identity of now (an exec plugin may return
+            // another client certificate after a 401).
             let client = match self.client.watch_client(self.watch_timeout).await {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(group = %self.group, error = %e, "no credential for the pod watch; retrying");
                     report_error(tx, Some(e.to_string()));
-                    backoff = pause(backoff).await;
+                    tokio::time::sleep(backoff.next().unwrap_or(BACKOFF_MAX)).await;
                     continue;
                 }
             };
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client, &self.namespace, &ApiResource::erase::<Pod>(&()));
+            let api: Api<Pod> = Api::namespaced(client, &self.namespace);
             let config = watcher::Config::default()
                 .labels(&self.selector)
                 .timeout(secs);
-            let mut stream = watcher(api, config).boxed();
-            // The pods of a LIST under way (the watcher's Init .. InitDone).
-            let mut listing: Option<BTreeMap<String, Value>> = None;
-            while let Some(ev) = stream.next().await {
-                match ev {
-                    Ok(ev) => {
-                        backoff = BACKOFF_FIRST;
-                        match ev {
-                            watcher::Event::Init => listing = Some(BTreeMap::new()),
-                            watcher::Event::InitApply(o) => {
-                                if let (Some(l), Some((name, p))) = (listing.as_mut(), named(o)) {
-                                    l.insert(name, p);
-                                }
-                            }
-                            watcher::Event::InitDone => {
-                                if let Some(l) = listing.take() {
-                                    pods = l;
-                                }
-                                self.report(tx, &pods);
-                            }
-                            watcher::Event::Apply(o) => {
-                                if let Some((name, p)) = named(o) {
-                                    pods.insert(name, p);
-                                    self.report(tx, &pods);
-                                }
-                            }
-                            watcher::Event::Delete(o) => {
-                                if let Some((name, _)) = named(o) {
-                                    pods.remove(&name);
-                                    self.report(tx, &pods);
-                                }
-                            }
-                        }
+            // The store holds the pods of the last complete list, kept
+            // current by the watch's events.
+            let (pods, mut changes) = watch_store(api, config, backoff.clone());
+            while let Some(change) = changes.next().await {
+                let e = match change {
+                    Ok(()) => {
+                        self.report(tx, &pods.state());
+                        continue;
                     }
-                    Err(e) => {
-                        let (code, message) = describe(&e, self.client.server());
-                        if code == Some(401) && self.client.reauthenticate().await {
-                            tracing::info!(group = %self.group, "401 on the pod watch; refreshing the credential");
-                            break;
-                        }
-                        if code == Some(410) {
-                            // The watcher lists again by itself.
-                            tracing::info!(group = %self.group, "the pod watch's version is too old (410 Gone): listing again");
-                            continue;
-                        }
-                        tracing::warn!(group = %self.group, error = %message, "the pod list or watch failed; retrying");
-                        report_error(tx, Some(message));
-                        backoff = pause(backoff).await;
-                    }
+                    Err(e) => watch_error(&e, &url),
+                };
+                if e.code() == Some(401) && self.client.reauthenticate().await {
+                    tracing::info!(group = %self.group, "401 on the pod watch; refreshing the credential");
+                    break;
                 }
+                if e.code() == Some(410) {
+                    // The watcher lists again by itself.
+                    tracing::info!(group = %self.group, "the pod watch's version is too old (410 Gone): listing again");
+                    continue;
+                }
+                tracing::warn!(group = %self.group, error = %e, "the pod list or watch failed; retrying");
+                report_error(tx, Some(e.to_string()));
             }
         }
     }
 
     /// Report the pods as they are now (a list or an event worked: no error).
-    fn report(&self, tx: &watch::Sender<Option<Arc<Members>>>, pods: &BTreeMap<String, Value>) {
-        let members = Members {
-            pods: pods
-                .values()
-                .filter_map(|p| member_of(p, &self.port))
-                .collect(),
-            error: None,
-        };
+    fn report(&self, tx: &watch::Sender<Option<Arc<Members>>>, pods: &[Arc<Pod>]) {
+        let mut pods: Vec<Member> = pods
+            .iter()
+            .filter_map(|p| member_of(p, &self.port))
+            .collect();
+        // By pod name: the store keeps no order.
+        pods.sort_by(|a, b| a.pod.cmp(&b.pod));
+        let members = Members { pods, error: None };
         tx.send_if_modified(|cur| {
             if cur.as_deref() == Some(&members) {
                 return false;
@@ -229,75 +204,26 @@ fn report_error(tx: &watch::Sender<Option<Arc<Members>>>, error: Option<String>)
     });
 }
 
-/// Sleep about `backoff` (jittered) and return the next one.
-async fn pause(backoff: Duration) -> Duration {
-    let f: f64 = rand::random_range(0.5..=1.0);
-    tokio::time::sleep(backoff.mul_f64(f)).await;
-    (backoff * 2).min(BACKOFF_MAX)
-}
-
-/// A watched object's name and its JSON (as the API server sent it).
-fn named(o: DynamicObject) -> Option<(String, Value)> {
-    let name = o.metadata.name.clone()?;
-    serde_json::to_value(&o).ok().map(|v| (name, v))
-}
-
-/// The HTTP status of a failed list or watch, if it has one, and what to
-/// report: the API server's own words for an error answer.
-fn describe(e: &watcher::Error, server: &str) -> (Option<u16>, String) {
-    let api = |r: &kube::core::ErrorResponse, what: &str| {
-        let hint = match r.code {
-            401 => {
-                ": check the token (or client certificate / exec plugin) picket authenticates with"
-            }
-            403 => {
-                ": the identity picket uses lacks an RBAC permission (see the Role in docs/kubernetes.md)"
-            }
-            _ => "",
-        };
-        (
-            Some(r.code),
-            format!(
-                "{what} pods from {server}: {} {}{hint}: {}",
-                r.code, r.reason, r.message
-            ),
-        )
-    };
-    match e {
-        watcher::Error::InitialListFailed(kube::Error::Api(r)) => api(r, "LIST"),
-        watcher::Error::WatchStartFailed(kube::Error::Api(r))
-        | watcher::Error::WatchFailed(kube::Error::Api(r)) => api(r, "WATCH"),
-        watcher::Error::WatchError(r) => api(r, "WATCH"),
-        other => (None, format!("pods from {server}: {other}")),
-    }
-}
-
 /// The member a pod is: it needs an IP and the data port (by number, or
 /// the `containerPort` of the container port of that name).
-pub fn member_of(pod: &Value, port: &PortRef) -> Option<Member> {
-    let name = pod["metadata"]["name"].as_str()?;
-    let ip = pod["status"]["podIP"].as_str().filter(|s| !s.is_empty())?;
+pub fn member_of(pod: &Pod, port: &PortRef) -> Option<Member> {
+    let name = pod.metadata.name.as_deref()?;
+    let status = pod.status.as_ref()?;
+    let ip = status.pod_ip.as_deref().filter(|s| !s.is_empty())?;
     let port = match port {
         PortRef::Number(n) => *n,
-        PortRef::Name(want) => pod["spec"]["containers"]
-            .as_array()?
-            .iter()
-            .filter_map(|c| c["ports"].as_array())
-            .flatten()
-            .find(|p| p["name"].as_str() == Some(want))
-            .and_then(|p| p["containerPort"].as_u64())
-            .and_then(|p| u16::try_from(p).ok())?,
+        PortRef::Name(want) => container_ports(pod)
+            .find(|p| p.name.as_deref() == Some(want.as_str()))
+            .and_then(|p| u16::try_from(p.container_port).ok())?,
     };
-    let ready = pod["status"]["conditions"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| c["type"].as_str() == Some("Ready") && c["status"].as_str() == Some("True"))
-    });
-    let deleting = pod["metadata"]["deletionTimestamp"].as_str().map(|_| {
-        Duration::from_secs(
-            pod["metadata"]["deletionGracePeriodSeconds"]
-                .as_u64()
-                .unwrap_or(30),
-        )
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let deleting = pod.metadata.deletion_timestamp.as_ref().map(|_| {
+        let grace = pod.metadata.deletion_grace_period_seconds;
+        Duration::from_secs(grace.and_then(|s| u64::try_from(s).ok()).unwrap_or(30))
     });
     Some(Member {
         pod: name.to_string(),
@@ -310,9 +236,9 @@ pub fn member_of(pod: &Value, port: &PortRef) -> Option<Member> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
-    fn pod(name: &str, ip: Option<&str>, ready: bool) -> Value {
+    fn pod_json(name: &str, ip: Option<&str>, ready: bool) -> Value {
         json!({
             "metadata": {"name": name},
             "spec": {"containers": [
@@ -327,6 +253,9 @@ mod tests {
         })
     }
 
+    fn pod(name: &str, ip: Option<&str>, ready: bool) -> Pod {
+        serde_json::from_value(pod_json(name, ip, ready)).unwrap()
+    }
     #[test]
     fn a_pod_is_a_member_by_its_ip_and_the_port_by_number_or_name() {
         let p = pod("cache-0", Some("10.1.2.3"), true);
@@ -354,9 +283,10 @@ mod tests {
 
     #[test]
     fn a_pod_being_deleted_carries_its_grace_period() {
-        let mut p = pod("cache-0", Some("10.1.2.3"), true);
+        let mut p = pod_json("cache-0", Some("10.1.2.3"), true);
         p["metadata"]["deletionTimestamp"] = json!("2026-12-02T10:00:00Z");
         p["metadata"]["deletionGracePeriodSeconds"] = json!(45);
+        let p: Pod = serde_json::from_value(p).unwrap();
         let m = member_of(&p, &PortRef::Number(6379)).unwrap();
         assert_eq!(m.deleting, Some(Duration::from_secs(45)));
     }

@@ -19,7 +19,7 @@ pub mod kubeconfig;
 pub mod members;
 pub mod podlabels;
 
-use serde_json::Value;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use self::client::KubeClient;
 use self::endpointslice::EndpointSliceWriter;
@@ -40,7 +40,6 @@ pub struct KubernetesBackend {
     mode: Mode,
     required: bool,
     name: String,
-    client: KubeClient,
     /// pod-labels with `skip_service_gate`: the fence is not verified.
     gate_skipped: bool,
 }
@@ -160,13 +159,7 @@ impl KubernetesBackend {
             gate_skipped,
             mode,
             required: cfg.required,
-            client,
         })
-    }
-
-    /// The client, for callers that need to read from the cluster too.
-    pub fn client(&self) -> &KubeClient {
-        &self.client
     }
 }
 
@@ -215,18 +208,14 @@ impl Backend for KubernetesBackend {
 
 /// The epoch an object carries; `None` when it has none. An unparsable
 /// value counts as none (it is not an epoch picket wrote), with a warning.
-pub fn stored_epoch(obj: &Value) -> Option<u64> {
-    let raw = obj
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(EPOCH_ANNOTATION))
-        .and_then(Value::as_str)?;
+pub fn stored_epoch(meta: &ObjectMeta) -> Option<u64> {
+    let raw = meta.annotations.as_ref()?.get(EPOCH_ANNOTATION)?;
     match raw.trim().parse() {
         Ok(e) => Some(e),
         Err(_) => {
-            let name = object_name(obj);
             tracing::warn!(
-                object = %name,
-                value = raw,
+                object = object_name(meta),
+                value = %raw,
                 "ignoring an unparsable {EPOCH_ANNOTATION} annotation"
             );
             None
@@ -235,31 +224,23 @@ pub fn stored_epoch(obj: &Value) -> Option<u64> {
 }
 
 /// `metadata.resourceVersion` (empty when absent).
-pub fn resource_version(obj: &Value) -> String {
-    obj.pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
+pub fn resource_version(meta: &ObjectMeta) -> String {
+    meta.resource_version.clone().unwrap_or_default()
 }
 
 /// `metadata.name` (empty when absent).
-pub fn object_name(obj: &Value) -> String {
-    obj.pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
+pub fn object_name(meta: &ObjectMeta) -> &str {
+    meta.name.as_deref().unwrap_or_default()
 }
 
 /// One label's value.
-pub fn label<'v>(obj: &'v Value, key: &str) -> Option<&'v str> {
-    obj.pointer("/metadata/labels")
-        .and_then(|l| l.get(key))
-        .and_then(Value::as_str)
+pub fn label<'m>(meta: &'m ObjectMeta, key: &str) -> Option<&'m str> {
+    meta.labels.as_ref()?.get(key).map(String::as_str)
 }
 
 /// `Stale` when the object holds a higher epoch than `ours`.
-pub fn check_epoch(obj: &Value, ours: u64) -> Result<Option<u64>, DiscoveryError> {
-    let stored = stored_epoch(obj);
+pub fn check_epoch(meta: &ObjectMeta, ours: u64) -> Result<Option<u64>, DiscoveryError> {
+    let stored = stored_epoch(meta);
     match stored {
         Some(s) if s > ours => Err(DiscoveryError::Stale { stored: s, ours }),
         _ => Ok(stored),
@@ -269,19 +250,25 @@ pub fn check_epoch(obj: &Value, ours: u64) -> Result<Option<u64>, DiscoveryError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+
+    fn meta(epoch: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some("p".into()),
+            annotations: Some([(EPOCH_ANNOTATION.to_string(), epoch.to_string())].into()),
+            ..ObjectMeta::default()
+        }
+    }
 
     #[test]
     fn epoch_annotation() {
-        let o = json!({"metadata":{"name":"p","annotations":{"picket.io/epoch":"7"}}});
+        let o = meta("7");
         assert_eq!(stored_epoch(&o), Some(7));
         assert_eq!(check_epoch(&o, 7).unwrap(), Some(7));
         assert_eq!(
             check_epoch(&o, 6).unwrap_err(),
             DiscoveryError::Stale { stored: 7, ours: 6 }
         );
-        let junk = json!({"metadata":{"annotations":{"picket.io/epoch":"x"}}});
-        assert_eq!(stored_epoch(&junk), None);
-        assert_eq!(stored_epoch(&json!({"metadata":{}})), None);
+        assert_eq!(stored_epoch(&meta("x")), None);
+        assert_eq!(stored_epoch(&ObjectMeta::default()), None);
     }
 }

@@ -17,10 +17,13 @@
 
 use std::net::IpAddr;
 
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
 
-use super::client::{Kind, KubeClient, PatchType};
+use super::client::{KubeClient, Objects};
 use super::gate::ServiceGate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use super::{
     CONFLICT_ATTEMPTS, EPOCH_ANNOTATION, check_epoch, label, object_name, resource_version,
 };
@@ -30,7 +33,7 @@ use crate::discovery::{DiscoveryError, Fence, Topology};
 /// Writes role labels on pods.
 #[derive(Debug, Clone)]
 pub struct PodLabelWriter {
-    client: KubeClient,
+    pods: Objects<Pod>,
     namespace: String,
     selector: String,
     role_label: String,
@@ -58,7 +61,7 @@ impl PodLabelWriter {
         replica_value: &str,
     ) -> Self {
         PodLabelWriter {
-            client,
+            pods: client.api(namespace),
             namespace: namespace.to_string(),
             selector: selector.to_string(),
             role_label: role_label.to_string(),
@@ -87,11 +90,8 @@ impl PodLabelWriter {
         }
     }
 
-    async fn list(&self) -> Result<Vec<Value>, DiscoveryError> {
-        Ok(self
-            .client
-            .list(Kind::Pod, &self.namespace, Some(&self.selector))
-            .await?)
+    async fn list(&self) -> Result<Vec<Pod>, DiscoveryError> {
+        Ok(self.pods.list(Some(&self.selector)).await?)
     }
 
     /// Take the old master's pod out of routing (remove its role label).
@@ -111,16 +111,16 @@ impl PodLabelWriter {
             }
         };
         for p in &targets {
-            check_epoch(p, fence.epoch)?;
+            check_epoch(&p.metadata, fence.epoch)?;
         }
         for p in targets {
-            let name = object_name(p);
+            let name = object_name(&p.metadata);
             // Done when the label is gone, or when a write of this very
             // epoch already made the pod a replica (a retried fence must
             // not undo that epoch's publish).
             let master = self.master_value.as_str();
             let out = self
-                .write(&name, fence.epoch, None, true, |pod, stored| {
+                .write(name, fence.epoch, None, true, |pod, stored| {
                     stored == Some(fence.epoch) && label(pod, &self.role_label) != Some(master)
                 })
                 .await?;
@@ -140,10 +140,10 @@ impl PodLabelWriter {
         // Refuse before writing anything when any pod of the group already
         // carries a newer config.
         for p in &pods {
-            check_epoch(p, t.epoch)?;
+            check_epoch(&p.metadata, t.epoch)?;
         }
         let master_name = match pods_of(&pods, &t.master) {
-            Ok(m) => object_name(m[0]),
+            Ok(m) => object_name(&m[0].metadata).to_string(),
             Err(NoMatch::None) => {
                 return Err(DiscoveryError::Permanent(format!(
                     "kubernetes: no pod matching {:?} in namespace {:?} has the new master's \
@@ -163,7 +163,7 @@ impl PodLabelWriter {
             .iter()
             .filter_map(|r| pods_of(&pods, r).ok())
             .flatten()
-            .map(object_name)
+            .map(|p| object_name(&p.metadata).to_string())
             .filter(|n| *n != master_name)
             .collect();
 
@@ -173,8 +173,10 @@ impl PodLabelWriter {
         loop {
             let holders: Vec<String> = pods
                 .iter()
-                .filter(|p| label(p, &self.role_label) == Some(self.master_value.as_str()))
-                .map(object_name)
+                .filter(|p| {
+                    label(&p.metadata, &self.role_label) == Some(self.master_value.as_str())
+                })
+                .map(|p| object_name(&p.metadata).to_string())
                 .filter(|n| *n != master_name)
                 .collect();
             if holders.is_empty() {
@@ -212,19 +214,20 @@ impl PodLabelWriter {
         // 3. The linked replicas are replicas; the other pods have no role.
         let mut first_err = None;
         for p in &pods {
-            let name = object_name(p);
+            let name = object_name(&p.metadata);
             if name == master_name {
                 continue;
             }
             let value = replica_names
-                .contains(&name)
+                .iter()
+                .any(|r| r == name)
                 .then_some(self.replica_value.as_str());
-            if label(p, &self.role_label) == value
-                && (value.is_none() || super::stored_epoch(p) == Some(t.epoch))
+            if label(&p.metadata, &self.role_label) == value
+                && (value.is_none() || super::stored_epoch(&p.metadata) == Some(t.epoch))
             {
                 continue;
             }
-            if let Err(e) = self.write_value(&name, t.epoch, value).await {
+            if let Err(e) = self.write_value(name, t.epoch, value).await {
                 tracing::warn!(group = %t.group, epoch = t.epoch, pod = %name, error = %e,
                     "publish: cannot label pod as replica");
                 first_err.get_or_insert(e);
@@ -282,31 +285,29 @@ impl PodLabelWriter {
         epoch: u64,
         value: Option<&str>,
         missing_ok: bool,
-        done: impl Fn(&Value, Option<u64>) -> bool,
+        done: impl Fn(&ObjectMeta, Option<u64>) -> bool,
     ) -> Result<Outcome, DiscoveryError> {
         let mut last = None;
         for _ in 0..CONFLICT_ATTEMPTS {
-            let pod = match self.client.get(Kind::Pod, &self.namespace, name).await {
+            let pod = match self.pods.get(name).await {
                 Ok(p) => p,
                 Err(e) if e.is_not_found() && missing_ok => return Ok(Outcome::Unchanged),
                 Err(e) => return Err(e.into()),
             };
-            let stored = check_epoch(&pod, epoch)?;
-            if done(&pod, stored) {
+            let stored = check_epoch(&pod.metadata, epoch)?;
+            if done(&pod.metadata, stored) {
                 return Ok(Outcome::Unchanged);
             }
+            // JSON, not a typed Pod: a merge patch removes a label with
+            // `null`, which a typed Pod's label map cannot say.
             let body = json!({
                 "metadata": {
-                    "resourceVersion": resource_version(&pod),
+                    "resourceVersion": resource_version(&pod.metadata),
                     "labels": { self.role_label.as_str(): value },
                     "annotations": { EPOCH_ANNOTATION: epoch.to_string() },
                 }
             });
-            match self
-                .client
-                .patch(Kind::Pod, &self.namespace, name, PatchType::Merge, &body)
-                .await
-            {
+            match self.pods.merge_patch(name, &body).await {
                 Ok(_) => return Ok(Outcome::Written),
                 Err(e) if e.is_conflict() => {
                     tracing::debug!(pod = name, "409 Conflict; reading the pod again");
@@ -343,39 +344,42 @@ fn same_ip(a: &str, b: &str) -> bool {
     }
 }
 
-fn pod_ip(p: &Value) -> Option<&str> {
-    p.pointer("/status/podIP").and_then(Value::as_str)
+fn pod_ip(p: &Pod) -> Option<&str> {
+    p.status.as_ref()?.pod_ip.as_deref()
 }
 
-fn exposes_port(p: &Value, port: u16) -> bool {
-    p.pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .flat_map(|c| {
-            c.get("ports")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-        })
-        .any(|cp| cp.get("containerPort").and_then(Value::as_u64) == Some(u64::from(port)))
+/// The ports the pod's containers declare.
+pub(crate) fn container_ports(
+    p: &Pod,
+) -> impl Iterator<Item = &k8s_openapi::api::core::v1::ContainerPort> {
+    p.spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.iter().flatten())
+}
+
+fn exposes_port(p: &Pod, port: u16) -> bool {
+    container_ports(p).any(|cp| cp.container_port == i32::from(port))
 }
 
 /// The name of the one pod among `pods` that is the instance `addr`, as
 /// `publish` picks the master's pod; `Err` with the names of the pods that
 /// share its IP when none or several match (empty when none has it).
 /// Public for the fuzz target `kube_json`.
-pub fn pod_name_of(pods: &[Value], addr: &Addr) -> Result<String, Vec<String>> {
+pub fn pod_name_of(pods: &[Pod], addr: &Addr) -> Result<String, Vec<String>> {
     match pods_of(pods, addr) {
-        Ok(m) => Ok(m.first().map(|p| object_name(p)).unwrap_or_default()),
+        Ok(m) => Ok(m
+            .first()
+            .map(|p| object_name(&p.metadata).to_string())
+            .unwrap_or_default()),
         Err(NoMatch::None) => Err(Vec::new()),
         Err(NoMatch::Ambiguous(names)) => Err(names),
     }
 }
 
 /// The pod(s) of an instance: by IP, then by container port when the IP is shared.
-fn pods_of<'p>(pods: &'p [Value], addr: &Addr) -> Result<Vec<&'p Value>, NoMatch> {
-    let by_ip: Vec<&Value> = pods
+fn pods_of<'p>(pods: &'p [Pod], addr: &Addr) -> Result<Vec<&'p Pod>, NoMatch> {
+    let by_ip: Vec<&Pod> = pods
         .iter()
         .filter(|p| pod_ip(p).is_some_and(|ip| same_ip(ip, &addr.host)))
         .collect();
@@ -383,7 +387,7 @@ fn pods_of<'p>(pods: &'p [Value], addr: &Addr) -> Result<Vec<&'p Value>, NoMatch
         0 => Err(NoMatch::None),
         1 => Ok(by_ip),
         _ => {
-            let by_port: Vec<&Value> = by_ip
+            let by_port: Vec<&Pod> = by_ip
                 .iter()
                 .copied()
                 .filter(|p| exposes_port(p, addr.port))
@@ -392,7 +396,10 @@ fn pods_of<'p>(pods: &'p [Value], addr: &Addr) -> Result<Vec<&'p Value>, NoMatch
                 Ok(by_port)
             } else {
                 Err(NoMatch::Ambiguous(
-                    by_ip.iter().map(|p| object_name(p)).collect(),
+                    by_ip
+                        .iter()
+                        .map(|p| object_name(&p.metadata).to_string())
+                        .collect(),
                 ))
             }
         }
@@ -403,9 +410,10 @@ fn pods_of<'p>(pods: &'p [Value], addr: &Addr) -> Result<Vec<&'p Value>, NoMatch
 mod tests {
     use super::*;
 
-    fn pod(name: &str, ip: &str, port: u16) -> Value {
-        json!({"metadata":{"name":name},"status":{"podIP":ip},
-               "spec":{"containers":[{"ports":[{"containerPort":port}]}]}})
+    fn pod(name: &str, ip: &str, port: u16) -> Pod {
+        serde_json::from_value(json!({"metadata":{"name":name},"status":{"podIP":ip},
+               "spec":{"containers":[{"name":"c","ports":[{"containerPort":port}]}]}}))
+        .unwrap()
     }
 
     #[test]
@@ -416,9 +424,9 @@ mod tests {
             pod("c", "10.0.0.2", 6380),
         ];
         let m = pods_of(&pods, &Addr::new("10.0.0.1", 1)).ok().unwrap();
-        assert_eq!(object_name(m[0]), "a");
+        assert_eq!(object_name(&m[0].metadata), "a");
         let m = pods_of(&pods, &Addr::new("10.0.0.2", 6380)).ok().unwrap();
-        assert_eq!(object_name(m[0]), "c");
+        assert_eq!(object_name(&m[0].metadata), "c");
         assert!(
             matches!(pods_of(&pods, &Addr::new("10.0.0.2", 1)), Err(NoMatch::Ambiguous(n)) if n.len() == 2)
         );
