@@ -190,6 +190,29 @@ async fn start(env: &Env, side: Side, dir: &Path, run: usize) -> anyhow::Result<
     })
 }
 
+/// Move this process into a network namespace of its own, with `lo` up,
+/// before any thread or process is started: every server, manager and
+/// client of the run then lives in it, and `/proc/net/netstat` (read by
+/// [`listen_overflows`]) counts only their sockets. On the machine's
+/// namespace the counter is everyone's: another program's accept queue
+/// overflowing during a case was counted against the side measured.
+/// Needs root; `Err` says why not (the run then counts the machine's).
+pub fn enter_own_netns() -> Result<(), String> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("unshare(CLONE_NEWNET): {e} (needs root)"))?;
+    let out = Command::new("ip")
+        .args(["link", "set", "lo", "up"])
+        .output()
+        .map_err(|e| format!("ip link set lo up: {e} (iproute2)"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "ip link set lo up: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
 /// The kernel's `TcpExt: ListenOverflows` (accept queue full), from
 /// `/proc/net/netstat`: a header line of names, then a line of values.
 pub fn listen_overflows() -> Option<u64> {
