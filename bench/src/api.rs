@@ -445,16 +445,30 @@ async fn fanout(
     // wait for their event (picket's switchover publishes within
     // milliseconds, before 5,000 new tasks have all run once).
     let waiting = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // The last reader to get its event wakes this task, once. Collecting
+    // the readers through the JoinSet meanwhile woke this task (the
+    // benchmark's main thread) at every receipt, and those 5,000
+    // wake-ups preempted the server writing the fan-out on the same core
+    // (perf sched: picket's listener thread switched out 341 times for
+    // the benchmark's main thread during one fan-out).
+    let left = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(n));
+    let all_in = std::sync::Arc::new(tokio::sync::Notify::new());
     for mut c in conns {
         let waiting = waiting.clone();
+        let left = left.clone();
+        let all_in = all_in.clone();
         tasks.spawn(async move {
             waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // *3, $7 message, $14 +switch-master, $n, the payload.
-            read_until(&mut c, Duration::from_secs(90), |b| {
+            let r = read_until(&mut c, Duration::from_secs(90), |b| {
                 b.windows(14).any(|w| w == b"+switch-master") && lines(b) >= 7
             })
-            .await?;
-            anyhow::Ok(Instant::now())
+            .await;
+            let at = Instant::now();
+            if left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                all_in.notify_one();
+            }
+            r.map(|()| at)
         });
     }
     let w = waiting.clone();
@@ -486,6 +500,10 @@ async fn fanout(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    // Every reader has its own bound (90 s).
+    tokio::time::timeout(Duration::from_secs(120), all_in.notified())
+        .await
+        .context("the subscribers' readers did not finish")?;
     let mut got = Vec::with_capacity(n);
     while let Some(r) = tasks.join_next().await {
         got.push(r??);
