@@ -74,7 +74,9 @@ pub struct DaemonConfig {
     #[serde(default = "default_max_clients")]
     pub max_clients: usize,
     /// Backlog of `listen`'s accept queue (Redis' `tcp-backlog`; the
-    /// kernel caps it at `net.core.somaxconn`).
+    /// kernel caps it at `net.core.somaxconn`). 4096, not Redis' 511: the
+    /// queue must hold the connections completed while the listener's
+    /// thread waits for a core.
     #[serde(default = "default_tcp_backlog")]
     pub tcp_backlog: u32,
     /// Allow `SENTINEL SIMULATE-FAILURE` / `PICKET SIMULATE-FAILURE`, which
@@ -548,7 +550,7 @@ fn default_max_clients() -> usize {
     10_000
 }
 fn default_tcp_backlog() -> u32 {
-    511
+    4096
 }
 fn default_down_after() -> Duration {
     Duration::from_secs(5)

@@ -190,6 +190,29 @@ async fn start(env: &Env, side: Side, dir: &Path, run: usize) -> anyhow::Result<
     })
 }
 
+/// Move this process into a network namespace of its own, with `lo` up,
+/// before any thread or process is started: every server, manager and
+/// client of the run then lives in it, and `/proc/net/netstat` (read by
+/// [`listen_overflows`]) counts only their sockets. On the machine's
+/// namespace the counter is everyone's: another program's accept queue
+/// overflowing during a case was counted against the side measured.
+/// Needs root; `Err` says why not (the run then counts the machine's).
+pub fn enter_own_netns() -> Result<(), String> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("unshare(CLONE_NEWNET): {e} (needs root)"))?;
+    let out = Command::new("ip")
+        .args(["link", "set", "lo", "up"])
+        .output()
+        .map_err(|e| format!("ip link set lo up: {e} (iproute2)"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "ip link set lo up: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
 /// The kernel's `TcpExt: ListenOverflows` (accept queue full), from
 /// `/proc/net/netstat`: a header line of names, then a line of values.
 pub fn listen_overflows() -> Option<u64> {
@@ -422,16 +445,30 @@ async fn fanout(
     // wait for their event (picket's switchover publishes within
     // milliseconds, before 5,000 new tasks have all run once).
     let waiting = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // The last reader to get its event wakes this task, once. Collecting
+    // the readers through the JoinSet meanwhile woke this task (the
+    // benchmark's main thread) at every receipt, and those 5,000
+    // wake-ups preempted the server writing the fan-out on the same core
+    // (perf sched: picket's listener thread switched out 341 times for
+    // the benchmark's main thread during one fan-out).
+    let left = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(n));
+    let all_in = std::sync::Arc::new(tokio::sync::Notify::new());
     for mut c in conns {
         let waiting = waiting.clone();
+        let left = left.clone();
+        let all_in = all_in.clone();
         tasks.spawn(async move {
             waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // *3, $7 message, $14 +switch-master, $n, the payload.
-            read_until(&mut c, Duration::from_secs(90), |b| {
+            let r = read_until(&mut c, Duration::from_secs(90), |b| {
                 b.windows(14).any(|w| w == b"+switch-master") && lines(b) >= 7
             })
-            .await?;
-            anyhow::Ok(Instant::now())
+            .await;
+            let at = Instant::now();
+            if left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                all_in.notify_one();
+            }
+            r.map(|()| at)
         });
     }
     let w = waiting.clone();
@@ -463,6 +500,10 @@ async fn fanout(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
+    // Every reader has its own bound (90 s).
+    tokio::time::timeout(Duration::from_secs(120), all_in.notified())
+        .await
+        .context("the subscribers' readers did not finish")?;
     let mut got = Vec::with_capacity(n);
     while let Some(r) = tasks.join_next().await {
         got.push(r??);

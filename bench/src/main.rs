@@ -224,6 +224,10 @@ struct Opts {
         default_value = "qps,held,storm,fanout"
     )]
     api_cases: Vec<String>,
+    /// Run `api` in the machine's network namespace instead of one of its
+    /// own (then `ListenOverflows` counts every program's sockets).
+    #[arg(long, global = true)]
+    api_shared_net: bool,
     /// redis-benchmark binary (the load of `api`'s queries per second).
     #[arg(long, global = true, default_value = "/usr/bin/redis-benchmark")]
     redis_benchmark: PathBuf,
@@ -300,6 +304,16 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    // Before any thread exists: the namespace is the calling thread's,
+    // and the runtime's threads and every process started inherit it.
+    if matches!(cli.command, Some(Cmd::Api))
+        && !cli.o.api_shared_net
+        && let Err(e) = api::enter_own_netns()
+    {
+        eprintln!(
+            "api: {e}; ListenOverflows will count the whole machine's sockets, not only the benchmark's"
+        );
     }
     // reqwest (picket's /v1/status) needs rustls' provider, as in picket.
     picket::tls::install_crypto_provider();

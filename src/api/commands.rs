@@ -435,7 +435,7 @@ fn client_kill(api: &Api, conn: &Conn, opts: &[String]) -> Reply {
         // The old form: one address, an error when nobody matches.
         return match clients.iter().find(|c| c.addr.to_string() == *addr) {
             Some(c) => {
-                c.kill.cancel();
+                c.disconnect();
                 Reply::ok()
             }
             None => Reply::err("ERR No such client"),
@@ -504,7 +504,7 @@ fn client_kill(api: &Api, conn: &Conn, opts: &[String]) -> Reply {
         if user.as_ref().is_some_and(|u| *u != s.user) {
             continue;
         }
-        c.kill.cancel();
+        c.disconnect();
         killed += 1;
     }
     Reply::Int(killed)

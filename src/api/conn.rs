@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -87,8 +87,13 @@ pub struct ClientEntry {
     pub laddr: Option<SocketAddr>,
     /// When it connected.
     pub created: Instant,
-    /// Cancelled by `CLIENT KILL`.
+    /// Cancelled by `CLIENT KILL` ([`ClientEntry::disconnect`]).
     pub kill: CancellationToken,
+    /// Set by [`ClientEntry::disconnect`] before `kill` is cancelled: the
+    /// connection's loop reads this flag at every turn, where the token's
+    /// own check takes a lock and its wait another (a tenth of the
+    /// instructions of a one-client request, callgrind).
+    pub killed: AtomicBool,
     /// The parts that change.
     pub state: Mutex<ClientState>,
 }
@@ -117,6 +122,13 @@ pub struct ClientState {
 }
 
 impl ClientEntry {
+    /// `CLIENT KILL`: end the connection (its loop sees the flag when the
+    /// token's cancellation wakes it).
+    pub fn disconnect(&self) {
+        self.killed.store(true, Ordering::Release);
+        self.kill.cancel();
+    }
+
     /// A copy of the changing part.
     pub fn snapshot(&self) -> ClientState {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()

@@ -36,8 +36,11 @@ pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bind a RESP listener on `addr` (every address it resolves to, in turn,
 /// as [`TcpListener::bind`]) with an accept queue of `backlog`: the
 /// standard library's 128 overflowed when a few thousand clients connected
-/// at once (each overflow costs its client a 1 s SYN retransmit); Redis and
-/// Sentinel use 511.
+/// at once (each overflow costs its client a 1 s SYN retransmit), and
+/// Redis' and Sentinel's 511 still did on a busy machine: the kernel
+/// completes a client's connection without the listener, so connections
+/// opened one after another fill 511 places in about 15 ms while the
+/// listener's thread waits for a core.
 pub async fn bind(addr: &str, backlog: u32) -> std::io::Result<TcpListener> {
     let mut last = None;
     for a in tokio::net::lookup_host(addr).await? {
@@ -140,6 +143,11 @@ pub async fn serve(
         let accepted = tokio::select! {
             _ = cancel.cancelled() => {
                 hub.abort();
+                // Every connection ends with the listener (one that
+                // registers after this sees `cancel` itself).
+                for c in api.client_list() {
+                    c.disconnect();
+                }
                 return;
             }
             a = listener.accept() => a,
@@ -185,10 +193,10 @@ pub async fn serve(
             // The listener's own address unless it listens on every
             // address (a system call and a text less per connection).
             let laddr = local.or_else(|| sock.local_addr().ok());
-            tokio::select! {
-                _ = c.cancelled() => {}
-                _ = accept(sock, tls, peer, laddr, &api) => {}
-            }
+            // Not in a select with `c.cancelled()`: that wait was polled
+            // at every wake-up of the connection, two locks per request.
+            // The listener disconnects every connection when it stops.
+            accept(sock, tls, peer, laddr, &api, &c).await;
             api.stats.connected.fetch_sub(1, Ordering::Relaxed);
             api.clients_gauge.decrement(1.0);
             drop(permit);
@@ -203,18 +211,19 @@ async fn accept(
     peer: SocketAddr,
     laddr: Option<SocketAddr>,
     api: &Arc<Api>,
+    cancel: &CancellationToken,
 ) {
     let Some(cfg) = tls else {
         // Owned halves of the socket itself: no lock between reading and
         // writing, as the generic split needs.
         let (rd, wr) = sock.into_split();
-        return handle(rd, wr, peer, laddr, api).await;
+        return handle(rd, wr, peer, laddr, api, cancel).await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::current(&cfg));
     let why = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
         Ok(Ok(stream)) => {
             let (rd, wr) = tokio::io::split(stream);
-            return handle(rd, wr, peer, laddr, api).await;
+            return handle(rd, wr, peer, laddr, api, cancel).await;
         }
         Ok(Err(e)) => e.to_string(),
         Err(_) => format!("no handshake within {TLS_HANDSHAKE_TIMEOUT:?}"),
@@ -324,8 +333,14 @@ enum End {
     Abort,
 }
 
-async fn handle<R, W>(rd: R, wr: W, peer: SocketAddr, laddr: Option<SocketAddr>, api: &Arc<Api>)
-where
+async fn handle<R, W>(
+    rd: R,
+    wr: W,
+    peer: SocketAddr,
+    laddr: Option<SocketAddr>,
+    api: &Arc<Api>,
+    cancel: &CancellationToken,
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
@@ -346,6 +361,7 @@ where
         laddr,
         created: now,
         kill: CancellationToken::new(),
+        killed: Default::default(),
         state: Mutex::new(ClientState {
             name: String::new(),
             lib_name: String::new(),
@@ -359,6 +375,11 @@ where
         }),
     });
     api.register(entry.clone());
+    // The listener stopped before this connection was registered: it
+    // was not among those it disconnected.
+    if cancel.is_cancelled() {
+        entry.disconnect();
+    }
     let mut conn = Conn {
         id: entry.id,
         user: api.users.initial(),
@@ -421,11 +442,26 @@ where
     W: AsyncWrite + Unpin,
 {
     let kill = conn.entry.kill.clone();
-    // One wait for `CLIENT KILL`, polled by every turn: a new one per turn
-    // would register (and remove) a waiter under a lock each time.
-    let killed = kill.cancelled();
-    tokio::pin!(killed);
+    let entry = conn.entry.clone();
+    // One wait for `CLIENT KILL`, registered (with this task's waker) by
+    // the first turn only: a new one per turn would register and remove a
+    // waiter under a lock each time, and even re-polling the one wait
+    // takes two locks. Later turns read the flag `disconnect` sets before
+    // it cancels the token, whose cancellation then wakes this task.
+    let wait = kill.cancelled();
+    tokio::pin!(wait);
+    let mut registered = false;
     loop {
+        let killed = std::future::poll_fn(|cx| {
+            if entry.killed.load(Ordering::Acquire) {
+                return std::task::Poll::Ready(());
+            }
+            if !registered {
+                registered = true;
+                return wait.as_mut().poll(cx);
+            }
+            std::task::Poll::Pending
+        });
         // Read while the unsent output is within the budget (replies wait
         // for room: the client is then not read either); write whenever
         // something is unsent; take events unless one is already held.
@@ -437,7 +473,7 @@ where
         let room = io.input.capacity() - io.input.len();
         let turn = tokio::select! {
             biased;
-            _ = &mut killed => Turn::Killed,
+            _ = killed => Turn::Killed,
             _ = held_deadline(&io.held) => Turn::Slow,
             n = io.wr.write(&io.output), if !io.output.is_empty() => Turn::Wrote(n),
             ev = next_event(&conn.events), if io.held.is_none() => Turn::Event(ev),
@@ -694,6 +730,25 @@ mod tests {
             .unwrap()
             .unwrap();
         String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    #[tokio::test]
+    async fn connections_end_when_the_listener_stops() {
+        let (_d, addr, cancel, _dir) = start(Limits::new(10)).await;
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(&cmd(&["PING"])).await.unwrap();
+        assert_eq!(read_some(&mut idle).await, "+PONG\r\n");
+        let mut sub = TcpStream::connect(addr).await.unwrap();
+        sub.write_all(&cmd(&["SUBSCRIBE", "+sdown"])).await.unwrap();
+        assert!(read_some(&mut sub).await.contains("subscribe"));
+        cancel.cancel();
+        for s in [&mut idle, &mut sub] {
+            let mut buf = [0u8; 64];
+            let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+                .await
+                .expect("the connection stays open after the listener stopped");
+            assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+        }
     }
 
     #[tokio::test]

@@ -124,8 +124,16 @@ fn header(src: &BytesMut, what: &'static str) -> Result<Option<(i64, usize)>, Re
     if lf < 2 || window[lf - 1] != b'\r' {
         return Err(RequestError::BadLength(what));
     }
-    let digits =
-        std::str::from_utf8(&window[1..lf - 1]).map_err(|_| RequestError::BadLength(what))?;
+    let raw = &window[1..lf - 1];
+    // Every request has a few of these headers, almost always plain
+    // digits: read them directly (the UTF-8 check and the general parse
+    // were a tenth of the instructions of a one-client request, callgrind).
+    // Anything else (a sign, more digits than fit) takes the general path.
+    if (1..=18).contains(&raw.len()) && raw.iter().all(u8::is_ascii_digit) {
+        let n = raw.iter().fold(0i64, |n, &d| n * 10 + i64::from(d - b'0'));
+        return Ok(Some((n, lf + 1)));
+    }
+    let digits = std::str::from_utf8(raw).map_err(|_| RequestError::BadLength(what))?;
     let n = digits
         .parse::<i64>()
         .map_err(|_| RequestError::BadLength(what))?;
@@ -382,6 +390,35 @@ mod tests {
             d.decode(&mut buf),
             Err(RequestError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn headers_read_as_the_general_parse_reads_them() {
+        // The digits-only shortcut and the general path agree on every
+        // header, signs, leading zeros and 19 digits included.
+        for digits in [
+            "0",
+            "7",
+            "007",
+            "16",
+            "123456789012345678",
+            "999999999999999999",
+            "1234567890123456789",
+            "9223372036854775807",
+            "9223372036854775808",
+            "+5",
+            "-1",
+            "-0",
+            "",
+            " 5",
+            "5 ",
+            "1e3",
+        ] {
+            let buf = BytesMut::from(format!("*{digits}\r\n").as_bytes());
+            let want = digits.parse::<i64>().ok().map(|n| (n, digits.len() + 3));
+            let got = header(&buf, "multibulk").ok().flatten();
+            assert_eq!(got, want, "{digits:?}");
+        }
     }
 
     #[test]
