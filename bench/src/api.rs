@@ -153,7 +153,7 @@ async fn both_replicas_known(api: &str, manager: &Proc) -> anyhow::Result<()> {
 
 async fn start(env: &Env, side: Side, dir: &Path, run: usize) -> anyhow::Result<Server> {
     std::fs::create_dir_all(dir)?;
-    let (redis, addrs) = start_redis(env, dir, run, &[]).await?;
+    let (redis, addrs) = start_redis(env, dir, run, &[], &[]).await?;
     let port = free_port("127.0.0.1")?;
     let api = format!("127.0.0.1:{port}");
     let manager = match side {

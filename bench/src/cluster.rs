@@ -39,6 +39,26 @@ impl Side {
     }
 }
 
+/// Which data server the topology runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServerKind {
+    /// `redis-server`, or `valkey-server` (the same arguments).
+    Redis,
+    /// Dragonfly (its own flags, see [`dragonfly_args`]).
+    Dragonfly,
+}
+
+impl ServerKind {
+    /// Its name in messages and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerKind::Redis => "redis",
+            ServerKind::Dragonfly => "dragonfly",
+        }
+    }
+}
+
 /// Binaries and shared settings.
 #[derive(Debug, Clone)]
 pub struct Env {
@@ -46,8 +66,13 @@ pub struct Env {
     pub picket: PathBuf,
     /// `redis-sentinel` binary.
     pub sentinel: PathBuf,
-    /// `redis-server` binary.
+    /// The data server binary: `redis-server` (or `valkey-server`), or
+    /// `dragonfly` when `server` says so.
     pub redis: PathBuf,
+    /// What `redis` is, which decides its arguments.
+    pub server: ServerKind,
+    /// picket's `RUST_LOG` (its log is in the run's directory).
+    pub picket_log: String,
     /// Directory for this benchmark's files.
     pub work: PathBuf,
     /// Sentinel's and picket's `failover-timeout`.
@@ -104,6 +129,44 @@ pub fn redis_args(ip: &str, port: u16, dir: &Path, replica_of: Option<&str>) -> 
     a
 }
 
+/// The arguments of one Dragonfly server: the same topology as
+/// [`redis_args`] (no snapshot saved or loaded, the replica announcing its
+/// address), one thread per server so that three fit on a small machine,
+/// no version check (it would reach out to the network).
+pub fn dragonfly_args(ip: &str, port: u16, dir: &Path, replica_of: Option<&str>) -> Vec<String> {
+    let mut a = vec![
+        format!("--bind={ip}"),
+        format!("--port={port}"),
+        format!("--dir={}", dir.display()),
+        // An empty file name: nothing is loaded at start (an empty
+        // restart) and nothing saved at shutdown.
+        "--dbfilename=".to_string(),
+        "--proactor_threads=1".to_string(),
+        format!("--replica_announce_ip={ip}"),
+        "--version_check=false".to_string(),
+        "--alsologtostderr".to_string(),
+        format!("--log_dir={}", dir.display()),
+    ];
+    if let Some(m) = replica_of {
+        a.push(format!("--replicaof={m}"));
+    }
+    a
+}
+
+/// The arguments of one data server of kind `kind`.
+pub fn server_args(
+    kind: ServerKind,
+    ip: &str,
+    port: u16,
+    dir: &Path,
+    replica_of: Option<&str>,
+) -> Vec<String> {
+    match kind {
+        ServerKind::Redis => redis_args(ip, port, dir, replica_of),
+        ServerKind::Dragonfly => dragonfly_args(ip, port, dir, replica_of),
+    }
+}
+
 fn sentinel_conf(
     port: u16,
     dir: &Path,
@@ -128,8 +191,11 @@ fn sentinel_conf(
 /// What a scenario adds to the common topology.
 #[derive(Debug, Clone, Default)]
 pub struct Extras {
-    /// More `redis-server` arguments, for every server.
+    /// More `redis-server` arguments, for every server (not given to
+    /// Dragonfly, which has other flags).
     pub redis_args: Vec<String>,
+    /// More Dragonfly arguments, for every server of a Dragonfly run.
+    pub dragonfly_args: Vec<String>,
     /// Appended to picket's `[[group]]` table (keys, sub-tables).
     pub picket_group: String,
 }
@@ -163,14 +229,16 @@ fn picket_conf(
     )
 }
 
-/// Start the three redis-servers of run `run` and wait for both replicas'
-/// links. Addresses are 127.77.R.2-4 (R from the run number), so one
+/// Start the three data servers of run `run` (redis-server or Dragonfly,
+/// per `env.server`; `extra` and `dragonfly_extra` are added to the
+/// arguments of each kind) and wait for both replicas' links. Addresses are 127.77.R.2-4 (R from the run number), so one
 /// address is one server and runs do not share addresses.
 pub async fn start_redis(
     env: &Env,
     dir: &Path,
     run: usize,
     extra: &[String],
+    dragonfly_extra: &[String],
 ) -> anyhow::Result<(Vec<Proc>, Vec<String>)> {
     let r = run % 250 + 1;
     let ips: Vec<String> = (2..5).map(|d| format!("127.77.{r}.{d}")).collect();
@@ -180,10 +248,17 @@ pub async fn start_redis(
         let port = free_port(ip)?;
         let d = dir.join(format!("redis-{i}"));
         std::fs::create_dir_all(&d)?;
-        let mut args = redis_args(ip, port, &d, addrs.first().map(String::as_str));
-        args.extend(extra.iter().cloned());
+        let mut args = server_args(env.server, ip, port, &d, addrs.first().map(String::as_str));
+        args.extend(
+            match env.server {
+                ServerKind::Redis => extra,
+                ServerKind::Dragonfly => dragonfly_extra,
+            }
+            .iter()
+            .cloned(),
+        );
         procs.push(Proc::spawn(
-            &format!("redis {ip}"),
+            &format!("{} {ip}", env.server.name()),
             &env.redis,
             &args,
             &[],
@@ -236,7 +311,8 @@ impl Cluster {
             std::fs::remove_dir_all(&dir)?;
         }
         std::fs::create_dir_all(&dir)?;
-        let (redis, addrs) = start_redis(env, &dir, run, &extras.redis_args).await?;
+        let (redis, addrs) =
+            start_redis(env, &dir, run, &extras.redis_args, &extras.dragonfly_args).await?;
         let mut c = Cluster {
             side,
             redis,
@@ -300,7 +376,7 @@ impl Cluster {
                         &format!("picket {i}"),
                         &env.picket,
                         &["run".into(), "--config".into(), conf.display().to_string()],
-                        &[("RUST_LOG", "info")],
+                        &[("RUST_LOG", env.picket_log.as_str())],
                         &d.join("log"),
                     )?);
                 }

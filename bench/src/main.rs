@@ -58,7 +58,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 
-use crate::cluster::{Env, Side};
+use crate::cluster::{Env, ServerKind, Side};
 use crate::cost::{CostOpts, CostRow, TargetKind};
 use crate::report::Compared;
 use crate::runs::{FailoverRun, RunOpts, SwitchoverRun};
@@ -252,6 +252,27 @@ struct Opts {
     /// redis-server binary.
     #[arg(long, global = true, default_value = "/usr/bin/redis-server")]
     redis_bin: PathBuf,
+    /// picket's log filter (`RUST_LOG`), e.g. `picket=debug` to see why a
+    /// run went as it did (with `--keep`: `run-N-picket/picket-I/log`).
+    #[arg(long, global = true, default_value = "info")]
+    picket_log: String,
+    /// Dragonfly binary: when given, the data servers of `failover`,
+    /// `switchover`, `restart` and `api` are Dragonfly processes instead of
+    /// `--redis-bin` (Sentinel and picket manage them as they are).
+    #[arg(long, global = true)]
+    dragonfly_bin: Option<PathBuf>,
+    /// The sides measured by `failover` and `restart`, in this order
+    /// within each round: any of picket, redis-sentinel.
+    #[arg(long, global = true, value_delimiter = ',', value_parser = side, default_value = "picket,redis-sentinel")]
+    sides: Vec<Side>,
+}
+
+fn side(s: &str) -> Result<Side, String> {
+    match s.trim() {
+        "picket" => Ok(Side::Picket),
+        "redis-sentinel" => Ok(Side::RedisSentinel),
+        other => Err(format!("{other}: not a side (picket, redis-sentinel)")),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -419,9 +440,13 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
         o.cost_picket_down_after = vec![Duration::from_secs(4)];
         o.demote_wait = o.demote_wait.min(Duration::from_secs(25));
     }
+    let (server, server_bin) = match &o.dragonfly_bin {
+        Some(p) => (ServerKind::Dragonfly, p),
+        None => (ServerKind::Redis, &o.redis_bin),
+    };
     for (what, p) in [
         ("redis-sentinel", &o.sentinel_bin),
-        ("redis-server", &o.redis_bin),
+        (server.name(), server_bin),
     ] {
         if !p.exists() {
             bail!(
@@ -438,7 +463,9 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
     let env = Env {
         picket: find_picket(&o)?,
         sentinel: o.sentinel_bin.clone(),
-        redis: o.redis_bin.clone(),
+        redis: server_bin.clone(),
+        server,
+        picket_log: o.picket_log.clone(),
         work: work.clone(),
         failover_timeout: o.failover_timeout,
     };
@@ -459,6 +486,8 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
             "parallel_syncs": 1,
             "picket": env.picket.display().to_string(),
             "redis_sentinel": env.sentinel.display().to_string(),
+            "server": env.server,
+            "server_bin": env.redis.display().to_string(),
             "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         }),
         ..Default::default()
@@ -474,7 +503,7 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
     if matches!(cmd, Cmd::Restart) {
         for &after in &o.restart_after {
             for i in 0..o.restart_runs {
-                for side in [Side::Picket, Side::RedisSentinel] {
+                for &side in &o.sides {
                     let run = next_run();
                     eprint!(
                         "restart after {after:?} {} run {}/{} ... ",
@@ -528,7 +557,7 @@ async fn bench(cli: Cli) -> anyhow::Result<ExitCode> {
             let ro = failover_opts(&o, da);
             let mut runs = Vec::new();
             for i in 0..n {
-                for side in [Side::Picket, Side::RedisSentinel] {
+                for &side in &o.sides {
                     let run = next_run();
                     eprint!(
                         "failover down_after {da:?} {} run {}/{n} ... ",

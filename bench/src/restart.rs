@@ -137,7 +137,7 @@ pub async fn restart_run(
 ) -> anyhow::Result<RestartRun> {
     let extras = Extras {
         redis_args: vec!["--repl-diskless-sync".into(), "no".into()],
-        picket_group: String::new(),
+        ..Extras::default()
     };
     let mut c = Cluster::start_with(env, side, down_after, run, &extras).await?;
     let old = c.addrs[0].clone();
