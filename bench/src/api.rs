@@ -198,19 +198,7 @@ async fn start(env: &Env, side: Side, dir: &Path, run: usize) -> anyhow::Result<
 /// overflowing during a case was counted against the side measured.
 /// Needs root; `Err` says why not (the run then counts the machine's).
 pub fn enter_own_netns() -> Result<(), String> {
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-        .map_err(|e| format!("unshare(CLONE_NEWNET): {e} (needs root)"))?;
-    let out = Command::new("ip")
-        .args(["link", "set", "lo", "up"])
-        .output()
-        .map_err(|e| format!("ip link set lo up: {e} (iproute2)"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "ip link set lo up: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
+    picket_bench::netns::enter(&[&["link", "set", "lo", "up"]])
 }
 
 /// The kernel's `TcpExt: ListenOverflows` (accept queue full), from

@@ -15,8 +15,8 @@
 //! Packets are dropped, not refused: both sides see a silent network, as in
 //! a real partition, and established connections survive the heal.
 //!
-//! Needs root and iptables. Only std, so that the tests can include this
-//! file (`#[path]`) as well as the benchmark.
+//! Needs root and iptables. Part of the bench's library, which picket's
+//! tests use through the harness.
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::Command;

@@ -145,23 +145,10 @@ pub const OWN_NETNS_PREFIX: &str = "198.18.0.0/15";
 /// outside it sees those addresses, and the namespace goes away with its
 /// last thread or process. Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN).
 pub fn enter_own_netns() -> Result<(), String> {
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-        .map_err(|e| format!("unshare(CLONE_NEWNET): {e} (needs root)"))?;
-    for args in [
-        &["link", "set", "lo", "up"][..],
-        &["route", "add", "local", OWN_NETNS_PREFIX, "dev", "lo"][..],
-    ] {
-        let out = Command::new("ip")
-            .args(args)
-            .output()
-            .map_err(|e| format!("ip {args:?}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "ip {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-    }
+    picket_bench::netns::enter(&[
+        &["link", "set", "lo", "up"],
+        &["route", "add", "local", OWN_NETNS_PREFIX, "dev", "lo"],
+    ])?;
     OWN_NETNS.with(|c| c.set(true));
     Ok(())
 }
