@@ -286,16 +286,13 @@ impl InstanceOps {
     }
 
     /// Set back the replication settings a sync hold changed on `addr`
-    /// (`probe::hold`).
+    /// (`probe::hold`: Redis and Valkey only, on the data port).
     pub async fn release_sync_hold(
         &self,
         addr: &Addr,
-        flavour: Option<Flavour>,
         restore: &[(String, String)],
     ) -> Result<(), RespError> {
-        let mut c = self
-            .connect(addr, flavour.unwrap_or(Flavour::Redis))
-            .await?;
+        let mut c = Connection::connect(&addr.to_string(), &self.client).await?;
         let t = self.client.command_timeout;
         crate::probe::hold::release(&mut c, restore, t).await
     }

@@ -876,12 +876,11 @@ impl Group {
         let Some(restore) = h.restore else {
             return;
         };
-        let flavour = inst.info.as_ref().map(|i| i.flavour);
         let ops = self.ops.clone();
         let target = addr.clone();
         let group = self.label.clone();
         self.effects.spawn(async move {
-            let result = ops.release_sync_hold(&target, flavour, &restore).await;
+            let result = ops.release_sync_hold(&target, &restore).await;
             let outcome = match &result {
                 Ok(()) => {
                     tracing::info!(group = %group, instance = %target, "sync hold released: the server's own replication settings are back");
