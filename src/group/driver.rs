@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::effects::{Effects, Internal};
-use super::{Group, GroupError, GroupHandle, GroupMsg, client_options};
+use super::{Group, GroupError, GroupHandle, GroupMsg, Woken, client_options};
 use crate::config::GroupConfig;
 use crate::context::DaemonCtx;
 use crate::discovery::memory::MemoryBackend;
@@ -134,15 +134,6 @@ async fn peers_changed(
     (open, rx)
 }
 
-/// What woke the group task.
-enum Woken {
-    Probe(Box<ProbeEvent>),
-    Msg(Box<GroupMsg>),
-    Internal(Box<Internal>),
-    Peers,
-    Timer,
-}
-
 /// The task: handle one thing at a time, to completion.
 pub(super) async fn run(
     mut g: Box<Group>,
@@ -200,49 +191,17 @@ pub(super) async fn run(
         };
         g.now = Instant::now();
         g.unix_now = unix_now();
-        g.unix_now = unix_now();
-        // Valid PINGs that changed nothing are stamped by the probes, not
-        // sent: take them in before anything is decided (an SDOWN
-        // deadline that woke the task may have been met meanwhile).
-        g.sync_liveness();
-        match woken {
-            Woken::Probe(ev) => {
-                let info = matches!(*ev, ProbeEvent::Info { .. });
-                cadence_due |= g.on_probe(*ev);
-                if info {
-                    g.try_pending_switchover(g.now);
-                }
-            }
-            Woken::Msg(msg) => {
-                g.on_msg(*msg);
-                cadence_due = true;
-                g.dirty = true;
-            }
-            Woken::Internal(int) => {
-                g.on_internal(*int);
-                cadence_due = true;
-                g.dirty = true;
-            }
-            Woken::Peers => {
-                g.check_peer_configs(g.now);
-                g.on_peer_sdown_hellos(g.now);
-                cadence_due = true;
-                g.dirty = true;
-            }
-            Woken::Timer => {
-                g.on_tick();
-                cadence_due = true;
-                let now = Instant::now();
-                if now >= next_tick {
-                    // On the probes' grid: the groups tick in the wake-ups
-                    // that send the PINGs (see `probe::grain`).
-                    let period = g.tick_period_now();
-                    let t = crate::probe::on_grid(
-                        now + period,
-                        crate::probe::grain(g.cfg.ping_period()),
-                    );
-                    next_tick = if t > now { t } else { now + period };
-                }
+        let timer = matches!(woken, Woken::Timer);
+        cadence_due |= g.on_wake(woken);
+        if timer {
+            let now = Instant::now();
+            if now >= next_tick {
+                // On the probes' grid: the groups tick in the wake-ups
+                // that send the PINGs (see `probe::grain`).
+                let period = g.tick_period_now();
+                let t =
+                    crate::probe::on_grid(now + period, crate::probe::grain(g.cfg.ping_period()));
+                next_tick = if t > now { t } else { now + period };
             }
         }
         // The view is published when something in it changed (a burst of

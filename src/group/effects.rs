@@ -208,14 +208,26 @@ struct Io {
 /// The group's executor.
 #[derive(Debug)]
 pub(super) struct Effects {
-    io: Arc<Io>,
-    tracker: TaskTracker,
-    /// Boxed: a mailbox slot is as large as its largest message, and the
-    /// failover's results are large.
-    tx: mpsc::Sender<Box<Internal>>,
-    /// Where the group's probes report.
-    probe_tx: mpsc::Sender<Box<ProbeEvent>>,
+    mode: Mode,
     cancel: CancellationToken,
+}
+
+#[derive(Debug)]
+enum Mode {
+    /// The daemon: every work is a task of the group's tracker.
+    Live {
+        io: Arc<Io>,
+        tracker: TaskTracker,
+        /// Boxed: a mailbox slot is as large as its largest message, and
+        /// the failover's results are large.
+        tx: mpsc::Sender<Box<Internal>>,
+        /// Where the group's probes report.
+        probe_tx: mpsc::Sender<Box<ProbeEvent>>,
+    },
+    /// Tests of the decisions: the work is kept for the test to carry out
+    /// (simulated servers, virtual time) and no probe runs.
+    #[cfg(test)]
+    Recorded(Vec<Work>),
 }
 
 impl Effects {
@@ -229,16 +241,36 @@ impl Effects {
         cancel: CancellationToken,
     ) -> Effects {
         Effects {
-            io: Arc::new(Io {
-                group,
-                ops,
-                discovery,
-                ctx,
-            }),
-            tracker: TaskTracker::new(),
-            tx,
-            probe_tx,
+            mode: Mode::Live {
+                io: Arc::new(Io {
+                    group,
+                    ops,
+                    discovery,
+                    ctx,
+                }),
+                tracker: TaskTracker::new(),
+                tx,
+                probe_tx,
+            },
             cancel,
+        }
+    }
+
+    /// An executor that only records the work asked for.
+    #[cfg(test)]
+    pub(super) fn recording() -> Effects {
+        Effects {
+            mode: Mode::Recorded(Vec::new()),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// The work recorded since the last call (empty when live).
+    #[cfg(test)]
+    pub(super) fn take(&mut self) -> Vec<Work> {
+        match &mut self.mode {
+            Mode::Recorded(w) => std::mem::take(w),
+            Mode::Live { .. } => Vec::new(),
         }
     }
 
@@ -248,17 +280,29 @@ impl Effects {
     }
 
     /// Start probing an instance; the probe reports to the group until its
-    /// handle is stopped or dropped.
-    pub(super) fn start_probe(&self, settings: ProbeSettings) -> ProbeHandle {
-        crate::probe::spawn(settings, self.probe_tx.clone())
+    /// handle is stopped or dropped (None: no probe runs, in tests).
+    pub(super) fn start_probe(&self, settings: ProbeSettings) -> Option<ProbeHandle> {
+        match &self.mode {
+            Mode::Live { probe_tx, .. } => Some(crate::probe::spawn(settings, probe_tx.clone())),
+            #[cfg(test)]
+            Mode::Recorded(_) => None,
+        }
     }
 
     /// Carry out `work`; its result (if any) comes back to the group.
-    pub(super) fn run(&self, work: Work) {
-        let tx = self.tx.clone();
+    pub(super) fn run(&mut self, work: Work) {
+        let (io, tracker, tx) = match &mut self.mode {
+            Mode::Live {
+                io, tracker, tx, ..
+            } => (io.clone(), tracker, tx.clone()),
+            #[cfg(test)]
+            Mode::Recorded(w) => {
+                w.push(work);
+                return;
+            }
+        };
         let cancel = self.cancel.clone();
-        let io = self.io.clone();
-        self.tracker.spawn(async move {
+        tracker.spawn(async move {
             tokio::select! {
                 _ = cancel.cancelled() => {}
                 r = io.execute(work) => if let Some(msg) = r {
@@ -271,10 +315,15 @@ impl Effects {
     /// Stop the background retries of the group's backends, then wait
     /// (bounded) for every effect to end after the cancellation.
     pub(super) async fn stop(&self) {
-        self.io.discovery.shutdown();
         self.cancel.cancel();
-        self.tracker.close();
-        if tokio::time::timeout(STOP_GRACE, self.tracker.wait())
+        let (io, tracker) = match &self.mode {
+            Mode::Live { io, tracker, .. } => (io, tracker),
+            #[cfg(test)]
+            Mode::Recorded(_) => return,
+        };
+        io.discovery.shutdown();
+        tracker.close();
+        if tokio::time::timeout(STOP_GRACE, tracker.wait())
             .await
             .is_err()
         {

@@ -46,6 +46,8 @@ mod isolation;
 mod members;
 mod observe;
 mod repair;
+#[cfg(test)]
+mod scenario;
 pub mod view;
 
 pub use driver::spawn;
@@ -67,6 +69,7 @@ use crate::events::{Detail, EventKind};
 use crate::failover::FailoverError;
 use crate::failover::machine::Failover;
 use crate::metrics as m;
+use crate::probe::ProbeEvent;
 use crate::quorum::election::{Election, Settings};
 use crate::quorum::peers::{HelloGroup, IsDownQuery, IsDownReply};
 use crate::quorum::state::StateError;
@@ -365,6 +368,55 @@ impl Group {
             label: m::label(&cfg.name),
             cfg,
             ctx,
+        }
+    }
+}
+
+/// What woke the group task.
+enum Woken {
+    Probe(Box<ProbeEvent>),
+    Msg(Box<GroupMsg>),
+    Internal(Box<Internal>),
+    Peers,
+    Timer,
+}
+impl Group {
+    /// Handle what woke the task, at `self.now`; whether the INFO cadences
+    /// must be looked at again.
+    pub(super) fn on_wake(&mut self, woken: Woken) -> bool {
+        // Valid PINGs that changed nothing are stamped by the probes, not
+        // sent: take them in before anything is decided (an SDOWN
+        // deadline that woke the task may have been met meanwhile).
+        self.sync_liveness();
+        match woken {
+            Woken::Probe(ev) => {
+                let info = matches!(*ev, ProbeEvent::Info { .. });
+                let changed = self.on_probe(*ev);
+                if info {
+                    self.try_pending_switchover(self.now);
+                }
+                changed
+            }
+            Woken::Msg(msg) => {
+                self.on_msg(*msg);
+                self.dirty = true;
+                true
+            }
+            Woken::Internal(int) => {
+                self.on_internal(*int);
+                self.dirty = true;
+                true
+            }
+            Woken::Peers => {
+                self.check_peer_configs(self.now);
+                self.on_peer_sdown_hellos(self.now);
+                self.dirty = true;
+                true
+            }
+            Woken::Timer => {
+                self.on_tick();
+                true
+            }
         }
     }
 }

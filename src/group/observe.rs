@@ -331,7 +331,7 @@ impl Group {
             Box::new(Instance {
                 addr: addr.clone(),
                 server,
-                probe: Some(probe),
+                probe,
                 sdown: Sdown::new(self.cfg.down_after, self.cfg.down_after_refused(), now),
                 connected: false,
                 connected_at: None,
