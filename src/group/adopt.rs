@@ -121,6 +121,7 @@ impl Group {
         };
         self.effects.run(Work::PersistAndPublish {
             topology,
+            known: self.known_servers(),
             wait,
             deadline,
             machine,
@@ -178,7 +179,18 @@ impl Group {
         self.effects.run(Work::PersistConfig {
             epoch: self.config_epoch,
             master: self.master.clone(),
+            known: self.known_servers(),
         });
+    }
+
+    /// The servers this group probes besides its master, persisted with
+    /// each config so that a restarted daemon probes them from the start.
+    fn known_servers(&self) -> Vec<Addr> {
+        self.instances
+            .keys()
+            .filter(|a| **a != self.master)
+            .cloned()
+            .collect()
     }
 
     /// `old` when the master is no longer `old` (the `from` of a

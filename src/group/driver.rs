@@ -85,13 +85,9 @@ pub fn spawn(
         effects,
         (master.clone(), config_epoch),
         (now, unix_now()),
+        None,
     );
-    g.ensure_instance(&master);
-    // Replicas handed over by `picket import`: probed before the master
-    // lists them, so that a master already down can be failed over.
-    for r in record.known_replicas.iter().filter(|r| **r != master) {
-        g.ensure_instance(r);
-    }
+    g.probe_from_start(&record.known_replicas);
     if let Some(w) = pod_watch {
         // The watcher reports on a watch channel (bursts of pod changes
         // coalesce); a forwarder hands each snapshot to the mailbox.

@@ -98,6 +98,8 @@ pub(super) enum Work {
     /// `machine`: the failover machine waits for the result.
     PersistAndPublish {
         topology: Topology,
+        /// The other servers the group knows, persisted with the config.
+        known: Vec<Addr>,
         wait: Duration,
         deadline: Duration,
         machine: bool,
@@ -108,7 +110,11 @@ pub(super) enum Work {
         deadline: Duration,
     },
     /// Retry the write of a config served from memory only.
-    PersistConfig { epoch: u64, master: Addr },
+    PersistConfig {
+        epoch: u64,
+        master: Addr,
+        known: Vec<Addr>,
+    },
     /// Read the role of the master a peer announces.
     CheckPeerConfig { from: String, group: HelloGroup },
     /// `SCRIPT KILL` on a busy instance.
@@ -436,12 +442,15 @@ impl Io {
             }
             Work::PersistAndPublish {
                 topology,
+                known,
                 wait,
                 deadline,
                 machine,
             } => {
                 let epoch = topology.epoch;
-                let persisted = state.set_config(group, epoch, &topology.master).await;
+                let persisted = state
+                    .set_config(group, epoch, &topology.master, known)
+                    .await;
                 tokio::time::sleep(wait).await;
                 let result = self.discovery.publish(topology, deadline).await;
                 Some(Internal::Published {
@@ -457,8 +466,12 @@ impl Io {
                 }
                 None
             }
-            Work::PersistConfig { epoch, master } => {
-                let result = state.set_config(group, epoch, &master).await;
+            Work::PersistConfig {
+                epoch,
+                master,
+                known,
+            } => {
+                let result = state.set_config(group, epoch, &master, known).await;
                 Some(Internal::ConfigPersisted { epoch, result })
             }
             Work::CheckPeerConfig { from, group } => {

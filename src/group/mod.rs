@@ -298,7 +298,8 @@ pub fn client_options(cfg: &GroupConfig) -> Result<ClientOptions, GroupError> {
 impl Group {
     /// A group about to be driven, with `master` at `config_epoch` (the
     /// persisted config, or the configured master) and no instance yet, at
-    /// `now` (monotonic, and seconds since the Unix epoch).
+    /// `now` (monotonic, and seconds since the Unix epoch). `seed` fixes the
+    /// election's random delays (a simulation's; None in the daemon).
     #[allow(clippy::too_many_arguments)]
     fn new(
         cfg: GroupConfig,
@@ -309,6 +310,7 @@ impl Group {
         effects: Effects,
         (master, config_epoch): (Addr, u64),
         (now, unix_now): (Instant, u64),
+        seed: Option<u64>,
     ) -> Group {
         let settings = Settings {
             id: ctx.id.clone(),
@@ -336,7 +338,7 @@ impl Group {
             config_epoch,
             instances: BTreeMap::new(),
             aliases: BTreeMap::new(),
-            election: Election::new(settings, ctx.peers.len(), None),
+            election: Election::new(settings, ctx.peers.len(), seed),
             failover: None,
             switchover_reply: None,
             pending_switchover: None,
@@ -422,6 +424,18 @@ impl Group {
 }
 
 impl Group {
+    /// Start probing the master and the servers known from the state file
+    /// (`picket import`'s, and those known at the last config): probed
+    /// before the master lists them, so that a master already down can be
+    /// failed over and an old master coming back is demoted.
+    fn probe_from_start(&mut self, known: &[Addr]) {
+        let master = self.master.clone();
+        self.ensure_instance(&master);
+        for r in known.iter().filter(|r| **r != master) {
+            self.ensure_instance(r);
+        }
+    }
+
     fn emit(&self, kind: EventKind, detail: &Detail) {
         self.ctx
             .events
