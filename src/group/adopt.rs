@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::effects::Internal;
+use super::effects::Work;
 use super::view::{FailoverOutcome, LastFailover};
 use super::{Group, members};
 use crate::addr::Addr;
@@ -94,7 +94,7 @@ impl Group {
                 from: old.clone(),
                 to: Some(master.clone()),
                 outcome: FailoverOutcome::Observed,
-                at_unix: super::view::unix_now(),
+                at_unix: self.unix_now,
                 duration_ms: None,
             });
         }
@@ -107,12 +107,7 @@ impl Group {
     /// Persist the adopted config, then publish `topology` to every
     /// backend. `machine`: the failover machine waits for the result.
     pub(super) fn persist_and_publish(&mut self, topology: Topology, machine: bool) {
-        let state = self.ctx.state.clone();
-        let runner = self.discovery.clone();
         let deadline = self.cfg.failover_timeout;
-        let name = self.cfg.name.clone();
-        let epoch = topology.epoch;
-        let master = topology.master.clone();
         self.config_persisting = true;
         self.epoch_publication = Some((topology.reporter, topology.old_master.clone()));
         self.published_replicas = self.linked_replicas().cloned().collect();
@@ -124,16 +119,12 @@ impl Group {
             Reporter::Leader => Duration::ZERO,
             Reporter::Observer => members::RANK_STEP * (1 + self.rank() as u32),
         };
-        self.effects.spawn(async move {
-            let persisted = state.set_config(&name, epoch, &master).await;
-            tokio::time::sleep(wait).await;
-            let result = runner.publish(topology, deadline).await;
-            Some(Internal::Published {
-                epoch,
-                persisted,
-                machine,
-                result,
-            })
+        self.effects.run(Work::PersistAndPublish {
+            topology,
+            known: self.known_servers(),
+            wait,
+            deadline,
+            machine,
         });
     }
 
@@ -185,16 +176,21 @@ impl Group {
             return;
         }
         self.config_persisting = true;
-        let state = self.ctx.state.clone();
-        let (name, epoch, master) = (
-            self.cfg.name.clone(),
-            self.config_epoch,
-            self.master.clone(),
-        );
-        self.effects.spawn(async move {
-            let result = state.set_config(&name, epoch, &master).await;
-            Some(Internal::ConfigPersisted { epoch, result })
+        self.effects.run(Work::PersistConfig {
+            epoch: self.config_epoch,
+            master: self.master.clone(),
+            known: self.known_servers(),
         });
+    }
+
+    /// The servers this group probes besides its master, persisted with
+    /// each config so that a restarted daemon probes them from the start.
+    fn known_servers(&self) -> Vec<Addr> {
+        self.instances
+            .keys()
+            .filter(|a| **a != self.master)
+            .cloned()
+            .collect()
     }
 
     /// `old` when the master is no longer `old` (the `from` of a
@@ -277,14 +273,9 @@ impl Group {
         self.epoch_publication = Some((reporter, old.clone()));
         let mut topology = self.topology(reporter, None);
         topology.old_master = old;
-        let runner = self.discovery.clone();
-        let deadline = self.cfg.failover_timeout;
-        let name = self.cfg.name.clone();
-        self.effects.spawn(async move {
-            if let Err(e) = runner.publish(topology, deadline).await {
-                tracing::warn!(group = %name, error = %e, "publishing the current config failed");
-            }
-            None
+        self.effects.run(Work::Republish {
+            topology,
+            deadline: self.cfg.failover_timeout,
         });
     }
 
@@ -317,11 +308,7 @@ impl Group {
             return;
         }
         self.checking_peer_config = Some(key);
-        let ops = self.ops.clone();
-        self.effects.spawn(async move {
-            let role = ops.info(&group.master).await.map(|i| i.role);
-            Some(Internal::PeerConfigChecked { from, group, role })
-        });
+        self.effects.run(Work::CheckPeerConfig { from, group });
     }
 
     pub(super) fn on_peer_config_checked(

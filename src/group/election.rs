@@ -7,12 +7,12 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::effects::Internal;
-use super::{Group, ms};
+use super::effects::Work;
+use super::{Group, SwitchoverReply, ms};
 use crate::addr::Addr;
 use crate::events::EventKind;
+use crate::failover::NoGoodReplica;
 use crate::failover::select::{self, Candidate, SelectionLimits};
-use crate::failover::{FailoverError, NoGoodReplica};
 use crate::metrics as m;
 use crate::quorum::election::{Action, Ask, Election, Observation, Replicas};
 use crate::quorum::peers::{IsDownQuery, IsDownReply};
@@ -175,14 +175,8 @@ impl Group {
             match a {
                 Action::Ask(ask) => self.ask_peers(ask),
                 Action::PersistNewEpoch => {
-                    let state = self.ctx.state.clone();
-                    let name = self.cfg.name.clone();
-                    let seen = state.group(&name).vote_epoch;
-                    self.effects.spawn(async move {
-                        Some(Internal::EpochPersisted(
-                            state.start_election(&name, seen).await,
-                        ))
-                    });
+                    let seen = self.ctx.state.group(&self.cfg.name).vote_epoch;
+                    self.effects.run(Work::StartElection { seen });
                 }
                 Action::StartFailover(ballot) => self.start_failover(now, ballot),
                 Action::Event(kind, detail) => {
@@ -205,7 +199,7 @@ impl Group {
                 }
                 Action::Switchover(r) => {
                     if let Some(reply) = self.switchover_reply.take() {
-                        let _ = reply.send(r);
+                        reply.send(&self.cfg.name, r);
                     }
                 }
             }
@@ -225,17 +219,10 @@ impl Group {
             candidate,
             promote,
         };
-        for (i, link) in self.ctx.peers.iter().enumerate() {
-            let link = link.clone();
-            let q = query.clone();
-            self.effects.spawn(async move {
-                let result = link.is_down(&q).await;
-                Some(Internal::Answer {
-                    peer: i,
-                    epoch: q.epoch,
-                    at: Instant::now(),
-                    result,
-                })
+        for peer in 0..self.ctx.peers.len() {
+            self.effects.run(Work::AskPeer {
+                peer,
+                query: query.clone(),
             });
         }
     }
@@ -290,7 +277,7 @@ impl Group {
         &mut self,
         now: Instant,
         to: Option<Addr>,
-        reply: oneshot::Sender<Result<(), FailoverError>>,
+        reply: SwitchoverReply,
     ) {
         let (actions, _) = self.decide(now, |e, o| e.request_switchover(o, to.as_ref()));
         let mut answer = None;
@@ -303,9 +290,7 @@ impl Group {
             }
         }
         match answer {
-            Some(r) => {
-                let _ = reply.send(r);
-            }
+            Some(r) => reply.send(&self.cfg.name, r),
             None => self.switchover_reply = Some(reply),
         }
         self.run_election_actions(now, rest);
@@ -322,38 +307,21 @@ impl Group {
     ) {
         let tilt = self.ctx.tilt.active(now);
         let down = !tilt && q.master == self.master && self.master_sdown();
-        let state = self.ctx.state.clone();
-        let name = self.cfg.name.clone();
-        if may_vote(&q, &self.master, self.config_epoch) {
-            let candidate = q.candidate.clone().unwrap_or_default();
-            self.effects.spawn(async move {
-                let result = state.vote(&name, q.epoch, &candidate).await;
-                Some(Internal::Voted {
-                    query: q,
-                    down,
-                    result,
-                    reply,
-                })
-            });
-            return;
-        }
-        // No vote (a question, or a candidate with a stale view): the vote
-        // on record, after the asker's epoch is durable here.
-        self.effects.spawn(async move {
-            if q.candidate.is_none()
-                && q.epoch > 0
-                && let Err(e) = state.observe_epoch(q.epoch).await
-            {
-                tracing::debug!(error = %e, "cannot persist the observed epoch");
-            }
-            let rec = state.group(&name);
-            let _ = reply.send(Ok(IsDownReply {
+        let work = if may_vote(&q, &self.master, self.config_epoch) {
+            Work::Vote {
+                query: q,
                 down,
-                leader: rec.voted_for,
-                leader_epoch: rec.vote_epoch,
-            }));
-            None
-        });
+                reply,
+            }
+        } else {
+            // No vote (a question, or a candidate with a stale view).
+            Work::AnswerWithoutVote {
+                query: q,
+                down,
+                reply,
+            }
+        };
+        self.effects.run(work);
     }
 
     pub(super) fn on_voted(

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::effects::Internal;
+use super::effects::Work;
 use super::view::{FailoverOutcome, LastFailover};
 use super::{Group, Running, ms};
 use crate::addr::Addr;
 use crate::discovery::{Fence, Reporter};
 use crate::events::{Detail, EventKind};
-use crate::failover::CommandFailed;
 use crate::failover::machine::{Action, Failover, Input, Kind, Outcome, Phase};
 use crate::metrics as m;
 use crate::probe::{Flavour, Role};
@@ -97,36 +96,38 @@ impl Group {
                         epoch,
                         old_master: self.wire(&old_master),
                     };
-                    let runner = self.discovery.clone();
-                    self.effects.spawn(async move {
-                        let r = runner.fence(fence, deadline).await;
-                        Some(Internal::Failover(epoch, Input::Fenced(r)))
+                    self.effects.run(Work::Fence {
+                        epoch,
+                        fence,
+                        deadline,
                     });
                 }
                 Action::Promote { candidate, flush } => {
-                    let ops = self.ops.clone();
                     let flavour = self.flavour_of(&candidate);
                     tracing::info!(group = %self.cfg.name, %candidate, flush, "promoting");
-                    self.effects.spawn(async move {
-                        let r = ops.promote(&candidate, flavour, flush).await;
-                        Some(Internal::Failover(epoch, Input::Promoted(r)))
+                    self.effects.run(Work::Promote {
+                        epoch,
+                        candidate,
+                        flavour,
+                        flush,
                     });
                 }
                 Action::Switchover {
                     candidate,
                     old_master,
                 } => {
-                    let ops = self.ops.clone();
                     let flavour = self.flavour_of(&old_master);
                     let timeout = (self.cfg.failover_timeout / 2)
                         .clamp(Duration::from_secs(1), Duration::from_secs(10));
                     let listed_as = self.listed_by_master(&candidate);
                     tracing::info!(group = %self.cfg.name, %candidate, %listed_as, "switching over");
-                    self.effects.spawn(async move {
-                        let r = ops
-                            .switchover(&old_master, flavour, &candidate, &listed_as, timeout)
-                            .await;
-                        Some(Internal::Failover(epoch, Input::Promoted(r)))
+                    self.effects.run(Work::Switchover {
+                        epoch,
+                        old_master,
+                        flavour,
+                        candidate,
+                        listed_as,
+                        timeout,
                     });
                 }
                 Action::Publish { master } => {
@@ -136,19 +137,17 @@ impl Group {
                     self.persist_and_publish(topology, true);
                 }
                 Action::Repoint { replica, master } => {
-                    let ops = self.ops.clone();
                     let flavour = self.flavour_of(&replica);
                     self.emit(
                         EventKind::SlaveReconfSent,
                         &Detail::Replica(replica.clone()),
                     );
                     let master = self.wire(&master);
-                    self.effects.spawn(async move {
-                        let r = ops
-                            .repoint(&replica, flavour, &master)
-                            .await
-                            .map_err(CommandFailed::from);
-                        Some(Internal::Failover(epoch, Input::RepointSent(replica, r)))
+                    self.effects.run(Work::Repoint {
+                        epoch: Some(epoch),
+                        replica,
+                        flavour,
+                        master,
                     });
                 }
                 Action::Finished(outcome) => self.finish_failover(outcome),
@@ -210,7 +209,7 @@ impl Group {
             from: run.machine.old_master.clone(),
             to,
             outcome: result,
-            at_unix: super::view::unix_now(),
+            at_unix: self.unix_now,
             duration_ms: Some(ms(duration)),
         });
         // A completed failover: the next one may start whenever needed.

@@ -37,11 +37,11 @@
 //! before any replica can acknowledge would refuse every write meanwhile.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::effects::Work;
 use super::view::{GroupView, IsolationFenceView, SightView};
 use super::{Group, ms};
 use crate::addr::Addr;
@@ -52,6 +52,7 @@ use crate::metrics as m;
 use crate::probe::{Flavour, Role};
 use crate::quorum::peers::ReplicaSight;
 use crate::quorum::table::PEER_TTL;
+use crate::resp::RespError;
 
 /// How long returning replicas get to synchronise before the fence is
 /// raised anyway (safety first: the master then refuses writes until one
@@ -215,7 +216,7 @@ pub(super) struct Isolation {
     sights: Vec<(String, Sight)>,
     own: Option<ReplicaSight>,
     warned_dragonfly: bool,
-    applied: Arc<Mutex<Applied>>,
+    applied: Applied,
 }
 
 impl Isolation {
@@ -239,17 +240,9 @@ impl Isolation {
             sights: Vec::new(),
             own: None,
             warned_dragonfly: false,
-            applied: Arc::new(Mutex::new(Applied::default())),
+            applied: Applied::default(),
         }
     }
-
-    fn applied(&self) -> std::sync::MutexGuard<'_, Applied> {
-        self.applied.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-fn lock(a: &Mutex<Applied>) -> std::sync::MutexGuard<'_, Applied> {
-    a.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Group {
@@ -310,7 +303,7 @@ impl Group {
         self.isolation.state.reset();
         {
             let master = self.master.clone();
-            let mut a = self.isolation.applied();
+            let a = &mut self.isolation.applied;
             if a.confirmed.as_ref().is_some_and(|(m, _, _)| *m != master) {
                 a.confirmed = None;
             }
@@ -388,7 +381,7 @@ impl Group {
             return;
         }
         {
-            let a = self.isolation.applied();
+            let a = &self.isolation.applied;
             if a.in_flight {
                 return;
             }
@@ -405,57 +398,62 @@ impl Group {
                 return;
             }
         }
-        self.isolation.applied().in_flight = true;
-        let lag = cfg.max_lag_secs();
-        let reason = if target < cfg.min_replicas {
-            format!(
-                ": at least {} daemons see the master up and at most {target} replicas up",
-                self.fence_rule(&cfg).needed
-            )
-        } else {
-            String::new()
-        };
-        let ops = self.ops.clone();
-        let events = self.ctx.clone();
-        let applied = self.isolation.applied.clone();
+        self.isolation.applied.in_flight = true;
+        self.effects.run(Work::SetFence {
+            master,
+            target,
+            lag: cfg.max_lag_secs(),
+        });
+    }
+
+    /// The master's fence was read and set (or not).
+    pub(super) fn on_fence_set(
+        &mut self,
+        master: Addr,
+        target: u32,
+        lag: u64,
+        at: Instant,
+        result: Result<(u32, u64), RespError>,
+    ) {
         let group = self.cfg.name.clone();
-        self.effects.spawn(async move {
-            let r = ops.set_min_replicas(&master, target, Some(lag)).await;
-            let mut a = lock(&applied);
-            a.in_flight = false;
-            match r {
-                Ok((before, _)) => {
-                    a.confirmed = Some((master.clone(), target, Instant::now()));
-                    a.error = None;
-                    drop(a);
-                    metrics::gauge!(m::FENCE_MIN_REPLICAS, "group" => group.clone())
-                        .set(f64::from(target));
-                    if before != target {
-                        let (event, change) = if target < before {
-                            (EventKind::IsolationFenceLowered, "lowered")
-                        } else {
-                            (EventKind::IsolationFence, "raised")
-                        };
-                        metrics::counter!(m::FENCE_CHANGES, "group" => group.clone(), "change" => change)
-                            .increment(1);
-                        events.events.emit(
-                            event,
-                            format!(
-                                "{} #min-replicas-to-write {target} min-replicas-max-lag {lag}{reason}",
-                                master_details(&group, &master)
-                            ),
-                        );
-                    }
-                }
-                Err(e) => {
-                    a.error = Some((format!("{master}: {e}"), Instant::now()));
-                    drop(a);
-                    metrics::counter!(m::FENCE_ERRORS, "group" => group.clone()).increment(1);
-                    tracing::warn!(group = %group, %master, error = %e, "cannot keep the isolation fence on the master");
+        let a = &mut self.isolation.applied;
+        a.in_flight = false;
+        match result {
+            Ok((before, _)) => {
+                a.confirmed = Some((master.clone(), target, at));
+                a.error = None;
+                metrics::gauge!(m::FENCE_MIN_REPLICAS, "group" => self.label.clone())
+                    .set(f64::from(target));
+                if before != target {
+                    let (event, change) = if target < before {
+                        (EventKind::IsolationFenceLowered, "lowered")
+                    } else {
+                        (EventKind::IsolationFence, "raised")
+                    };
+                    let reason = match &self.isolation.cfg {
+                        Some(cfg) if target < cfg.min_replicas => format!(
+                            ": at least {} daemons see the master up and at most {target} replicas up",
+                            self.fence_rule(cfg).needed
+                        ),
+                        _ => String::new(),
+                    };
+                    metrics::counter!(m::FENCE_CHANGES, "group" => self.label.clone(), "change" => change)
+                        .increment(1);
+                    self.ctx.events.emit(
+                        event,
+                        format!(
+                            "{} #min-replicas-to-write {target} min-replicas-max-lag {lag}{reason}",
+                            master_details(&group, &master)
+                        ),
+                    );
                 }
             }
-            None
-        });
+            Err(e) => {
+                a.error = Some((format!("{master}: {e}"), at));
+                metrics::counter!(m::FENCE_ERRORS, "group" => self.label.clone()).increment(1);
+                tracing::warn!(group = %group, %master, error = %e, "cannot keep the isolation fence on the master");
+            }
+        }
     }
 
     /// Keep `min-replicas-to-write 0` on the other servers: a demoted or
@@ -467,7 +465,7 @@ impl Group {
             return;
         }
         let todo: Vec<(Addr, Option<String>)> = {
-            let a = self.isolation.applied();
+            let a = &self.isolation.applied;
             if a.error
                 .as_ref()
                 .is_some_and(|(_, t)| now.saturating_duration_since(*t) < RETRY_AFTER)
@@ -489,41 +487,41 @@ impl Group {
                 .collect()
         };
         for (addr, run_id) in todo {
-            self.isolation.applied().clearing.insert(addr.clone());
-            let ops = self.ops.clone();
-            let ctx = self.ctx.clone();
-            let applied = self.isolation.applied.clone();
-            let group = self.cfg.name.clone();
-            let master = self.master.clone();
-            self.effects.spawn(async move {
-                let r = ops.set_min_replicas(&addr, 0, None).await;
-                let mut a = lock(&applied);
-                a.clearing.remove(&addr);
-                match r {
-                    Ok((before, _)) => {
-                        a.cleared.insert(addr.clone(), run_id);
-                        drop(a);
-                        if before != 0 {
-                            metrics::counter!(m::FENCE_CHANGES, "group" => group.clone(), "change" => "cleared")
-                                .increment(1);
-                            ctx.events.emit(
-                                EventKind::IsolationFenceLowered,
-                                format!(
-                                    "{} #min-replicas-to-write 0 (was {before}): not the master",
-                                    replica_details(&addr, &group, &master)
-                                ),
-                            );
-                        }
-                    }
-                    Err(e) => {
-                        a.error = Some((format!("{addr}: {e}"), Instant::now()));
-                        drop(a);
-                        metrics::counter!(m::FENCE_ERRORS, "group" => group.clone()).increment(1);
-                        tracing::warn!(group = %group, instance = %addr, error = %e, "cannot clear the isolation fence of a replica");
-                    }
+            self.isolation.applied.clearing.insert(addr.clone());
+            self.effects.run(Work::ClearFence { addr, run_id });
+        }
+    }
+
+    /// A replica's fence was cleared (or not).
+    pub(super) fn on_fence_cleared(
+        &mut self,
+        addr: Addr,
+        run_id: Option<String>,
+        at: Instant,
+        result: Result<u32, RespError>,
+    ) {
+        let a = &mut self.isolation.applied;
+        a.clearing.remove(&addr);
+        match result {
+            Ok(before) => {
+                a.cleared.insert(addr.clone(), run_id);
+                if before != 0 {
+                    metrics::counter!(m::FENCE_CHANGES, "group" => self.label.clone(), "change" => "cleared")
+                        .increment(1);
+                    self.ctx.events.emit(
+                        EventKind::IsolationFenceLowered,
+                        format!(
+                            "{} #min-replicas-to-write 0 (was {before}): not the master",
+                            replica_details(&addr, &self.cfg.name, &self.master)
+                        ),
+                    );
                 }
-                None
-            });
+            }
+            Err(e) => {
+                a.error = Some((format!("{addr}: {e}"), at));
+                metrics::counter!(m::FENCE_ERRORS, "group" => self.label.clone()).increment(1);
+                tracing::warn!(group = %self.cfg.name, instance = %addr, error = %e, "cannot clear the isolation fence of a replica");
+            }
         }
     }
 
@@ -532,7 +530,7 @@ impl Group {
         let cfg = self.isolation.cfg.as_ref()?;
         let now = self.now;
         let target = self.isolation.target.unwrap_or(cfg.min_replicas);
-        let a = self.isolation.applied();
+        let a = &self.isolation.applied;
         let (in_force, confirmed_on, confirmed_ms) = match &a.confirmed {
             Some((m, v, t)) => (
                 Some(*v),

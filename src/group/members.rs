@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Group;
+use super::{Group, SwitchoverReply};
 use crate::addr::Addr;
 use crate::discovery::kubernetes::members::Members;
 use crate::probe::Role;
@@ -135,19 +135,7 @@ impl Group {
         if let Some(h) = self.handover.as_mut() {
             h.requested = true;
         }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let name = self.cfg.name.clone();
-        self.effects.spawn(async move {
-            match rx.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(group = %name, %pod, error = %e, "the handover before the master's pod goes away did not start")
-                }
-                Err(_) => {}
-            }
-            None
-        });
-        self.start_switchover(now, None, tx);
+        self.start_switchover(now, None, SwitchoverReply::Handover { pod });
     }
 
     /// This daemon's place (0: first) among itself and the peers that

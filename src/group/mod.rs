@@ -21,21 +21,24 @@
 //!
 //! ## The route from a probe to an action
 //!
-//! The task waits on five sources ([`run`]): probe reports (one probe task
-//! per instance, `probe::spawn`), messages from the API ([`GroupMsg`]),
-//! results of the work it started ([`effects::Internal`]), changes of the
-//! peer table (a `watch`), and its tick (plus the election machine's
-//! deadline). Each is handled to completion before the next: the handler
-//! updates the state, feeds the machines, and turns their actions into
-//! events, metrics and *effects*. An effect (a command to a server, a
-//! question to the peers, a write to the state file or to a discovery
-//! backend) runs as a task of the group's own tracker ([`effects::Effects`])
-//! and reports back as an `Internal` message, which is fed to the machine
-//! that asked for it (the failover machine's inputs carry its epoch, so a
+//! The driver ([`driver::run`]) waits on five sources: probe reports (one
+//! probe task per instance), messages from the API ([`GroupMsg`]), results
+//! of the work it started ([`effects::Internal`]), changes of the peer
+//! table (a `watch`), and its tick (plus the election machine's deadline).
+//! It reads the clock once when it wakes ([`Group`]'s `now`), and each
+//! input is handled to completion before the next: the handler updates the
+//! state, feeds the machines, and turns their actions into events, metrics
+//! and *work* ([`effects::Work`]: a command to a server, a question to the
+//! peers, a write to the state file or to a discovery backend), data that
+//! [`effects::Effects`] executes as a task of the group's own tracker. The
+//! result comes back as an `Internal` message, fed to the machine that
+//! asked for it (the failover machine's inputs carry its epoch, so a
 //! result of an abandoned failover is dropped). Every such task ends with
-//! the group.
+//! the group. Only the driver and the executor read the clock or start a
+//! task.
 
 mod adopt;
+mod driver;
 mod effects;
 mod election;
 mod failover;
@@ -43,7 +46,11 @@ mod isolation;
 mod members;
 mod observe;
 mod repair;
+#[cfg(test)]
+mod scenario;
 pub mod view;
+
+pub use driver::spawn;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -52,7 +59,6 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::addr::Addr;
 use crate::config::GroupConfig;
@@ -62,7 +68,6 @@ use crate::discovery::runner::DiscoveryRunner;
 use crate::events::{Detail, EventKind};
 use crate::failover::FailoverError;
 use crate::failover::machine::Failover;
-use crate::failover::ops::InstanceOps;
 use crate::metrics as m;
 use crate::probe::ProbeEvent;
 use crate::quorum::election::{Election, Settings};
@@ -141,10 +146,37 @@ pub enum GroupError {
     Members(String),
 }
 
+/// Who waits for the start of a planned switchover.
+#[derive(Debug)]
+enum SwitchoverReply {
+    /// A client of the API (`SENTINEL FAILOVER`, `picket failover`).
+    Api(oneshot::Sender<Result<(), FailoverError>>),
+    /// This daemon's own handover before the master's pod goes away: a
+    /// switchover that does not start is only logged.
+    Handover {
+        /// The master's pod.
+        pod: String,
+    },
+}
+
+impl SwitchoverReply {
+    fn send(self, group: &str, r: Result<(), FailoverError>) {
+        match (self, r) {
+            (SwitchoverReply::Api(tx), r) => {
+                let _ = tx.send(r);
+            }
+            (SwitchoverReply::Handover { .. }, Ok(())) => {}
+            (SwitchoverReply::Handover { pod }, Err(e)) => {
+                tracing::warn!(group, %pod, error = %e, "the handover before the master's pod goes away did not start")
+            }
+        }
+    }
+}
+
 /// A planned switchover asked for, waiting for fresh INFO.
 struct PendingSwitchover {
     to: Option<Addr>,
-    reply: oneshot::Sender<Result<(), FailoverError>>,
+    reply: SwitchoverReply,
     since: Instant,
 }
 
@@ -160,12 +192,10 @@ struct Group {
     /// The group's name as a metric label, shared by its series.
     label: metrics::SharedString,
     ctx: Arc<DaemonCtx>,
-    ops: InstanceOps,
     client: ClientOptions,
     discovery: Arc<DiscoveryRunner>,
     recorders: Vec<MemoryBackend>,
     effects: Effects,
-    probe_tx: mpsc::Sender<Box<ProbeEvent>>,
     view_tx: watch::Sender<Arc<GroupView>>,
     peer_rx: watch::Receiver<PeerSnapshot>,
 
@@ -181,7 +211,7 @@ struct Group {
     election: Election,
     failover: Option<Running>,
     /// The reply to a switchover request whose election runs.
-    switchover_reply: Option<oneshot::Sender<Result<(), FailoverError>>>,
+    switchover_reply: Option<SwitchoverReply>,
     /// A switchover request waiting for fresh INFO from every replica
     /// (healthy replicas are read only every [`observe::INFO_SLOW`]).
     pending_switchover: Option<PendingSwitchover>,
@@ -192,6 +222,9 @@ struct Group {
     /// task wakes (a message, a report, a timer) and the only clock the
     /// group's decisions read, so that a step sees one instant throughout.
     now: Instant,
+    /// The wall clock at `now`, in seconds since the Unix epoch (read with
+    /// it): for the times the view reports, such as the last failover's.
+    unix_now: u64,
     last_export: Instant,
     published_epoch: Option<u64>,
     /// The current config is served from memory only: persisting it failed.
@@ -262,147 +295,83 @@ pub fn client_options(cfg: &GroupConfig) -> Result<ClientOptions, GroupError> {
     })
 }
 
-/// Start the task of one group; it runs on `tasks` until `parent` (or its
-/// handle's `cancel`) is cancelled.
-pub fn spawn(
-    cfg: GroupConfig,
-    ctx: Arc<DaemonCtx>,
-    discovery: Arc<DiscoveryRunner>,
-    recorders: Vec<MemoryBackend>,
-    parent: &CancellationToken,
-    tasks: &TaskTracker,
-) -> Result<GroupHandle, GroupError> {
-    let client = client_options(&cfg)?;
-    let pod_watch = match &cfg.members {
-        Some(mc) => Some(
-            crate::discovery::kubernetes::members::PodWatch::new(
-                &cfg.name,
-                &mc.resolved(&cfg.discovery),
-            )
-            .map_err(|e| GroupError::Members(e.to_string()))?,
-        ),
-        None => None,
-    };
-    let record = ctx.state.group(&cfg.name);
-    // A persisted config (from a failover) wins over the initial master in
-    // the file; adopting it at start-up never flushes anything.
-    let (master, config_epoch) = match record.master {
-        Some(m) if record.config_epoch > 0 => (m, record.config_epoch),
-        _ => (cfg.master.clone(), record.config_epoch),
-    };
-    let now = Instant::now();
-    let cancel = parent.child_token();
-    let (tx, rx) = mpsc::channel(1024);
-    let (probe_tx, probe_rx) = mpsc::channel(4096);
-    let (internal_tx, internal_rx) = mpsc::channel(1024);
-    let settings = Settings {
-        id: ctx.id.clone(),
-        daemons: ctx.daemons(),
-        quorum: cfg.quorum as usize,
-        ping_period: cfg.ping_period(),
-        down_after: cfg.down_after,
-        failover_timeout: cfg.failover_timeout,
-    };
-    let mut g = Group {
-        ops: InstanceOps {
-            client: client.clone(),
-            admin_port: cfg.admin_port,
-        },
-        client,
-        discovery,
-        recorders,
-        effects: Effects::new(internal_tx, cancel.clone()),
-        probe_tx,
-        view_tx: watch::Sender::new(Arc::new(GroupView::placeholder(
-            &cfg,
-            &master,
+impl Group {
+    /// A group about to be driven, with `master` at `config_epoch` (the
+    /// persisted config, or the configured master) and no instance yet, at
+    /// `now` (monotonic, and seconds since the Unix epoch). `seed` fixes the
+    /// election's random delays (a simulation's; None in the daemon).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        cfg: GroupConfig,
+        ctx: Arc<DaemonCtx>,
+        client: ClientOptions,
+        discovery: Arc<DiscoveryRunner>,
+        recorders: Vec<MemoryBackend>,
+        effects: Effects,
+        (master, config_epoch): (Addr, u64),
+        (now, unix_now): (Instant, u64),
+        seed: Option<u64>,
+    ) -> Group {
+        let settings = Settings {
+            id: ctx.id.clone(),
+            daemons: ctx.daemons(),
+            quorum: cfg.quorum as usize,
+            ping_period: cfg.ping_period(),
+            down_after: cfg.down_after,
+            failover_timeout: cfg.failover_timeout,
+        };
+        Group {
+            effects,
+            client,
+            discovery,
+            recorders,
+            view_tx: watch::Sender::new(Arc::new(GroupView::placeholder(
+                &cfg,
+                &master,
+                config_epoch,
+                ctx.daemons(),
+                &ctx.peer_table.snapshot(),
+                now,
+            ))),
+            peer_rx: ctx.peer_table.subscribe(),
+            master: master.clone(),
             config_epoch,
-            ctx.daemons(),
-            &ctx.peer_table.snapshot(),
-        ))),
-        peer_rx: ctx.peer_table.subscribe(),
-        master: master.clone(),
-        config_epoch,
-        instances: BTreeMap::new(),
-        aliases: BTreeMap::new(),
-        election: Election::new(settings, ctx.peers.len(), None),
-        failover: None,
-        switchover_reply: None,
-        pending_switchover: None,
-        last_failover: None,
-        run_clock: RunClock::new(
+            instances: BTreeMap::new(),
+            aliases: BTreeMap::new(),
+            election: Election::new(settings, ctx.peers.len(), seed),
+            failover: None,
+            switchover_reply: None,
+            pending_switchover: None,
+            last_failover: None,
+            run_clock: RunClock::new(
+                now,
+                observe::stall_threshold(tick_period(&cfg), cfg.down_after),
+            ),
+            last_export: now,
             now,
-            observe::stall_threshold(tick_period(&cfg), cfg.down_after),
-        ),
-        last_export: now,
-        now,
-        published_epoch: None,
-        config_unpersisted: false,
-        config_persisting: false,
-        master_role_down: false,
-        master_since: now,
-        quorum_reachable: None,
-        checking_peer_config: None,
-        reason: None,
-        dirty: true,
-        urgent: false,
-        isolation: isolation::Isolation::new(&cfg.name, cfg.isolation_fencing.clone()),
-        members: None,
-        gone: BTreeSet::new(),
-        handover: None,
-        published_replicas: Vec::new(),
-        republish_due: None,
-        epoch_publication: None,
-        label: m::label(&cfg.name),
-        cfg,
-        ctx,
-    };
-    g.ensure_instance(&master);
-    // Replicas handed over by `picket import`: probed before the master
-    // lists them, so that a master already down can be failed over.
-    for r in record.known_replicas.iter().filter(|r| **r != master) {
-        g.ensure_instance(r);
+            unix_now,
+            published_epoch: None,
+            config_unpersisted: false,
+            config_persisting: false,
+            master_role_down: false,
+            master_since: now,
+            quorum_reachable: None,
+            checking_peer_config: None,
+            reason: None,
+            dirty: true,
+            urgent: false,
+            isolation: isolation::Isolation::new(&cfg.name, cfg.isolation_fencing.clone()),
+            members: None,
+            gone: BTreeSet::new(),
+            handover: None,
+            published_replicas: Vec::new(),
+            republish_due: None,
+            epoch_publication: None,
+            label: m::label(&cfg.name),
+            cfg,
+            ctx,
+        }
     }
-    if let Some(w) = pod_watch {
-        // The watcher reports on a watch channel (bursts of pod changes
-        // coalesce); a forwarder hands each snapshot to the mailbox.
-        let (members_tx, mut members_rx) = watch::channel(None);
-        tasks.spawn(w.run(members_tx, cancel.clone()));
-        let mailbox = tx.clone();
-        tasks.spawn(async move {
-            while members_rx.changed().await.is_ok() {
-                let snapshot = members_rx.borrow_and_update().clone();
-                if let Some(m) = snapshot
-                    && mailbox.send(Box::new(GroupMsg::Members(m))).await.is_err()
-                {
-                    break;
-                }
-            }
-        });
-    }
-    let handle = GroupHandle {
-        tx,
-        view: g.view_tx.subscribe(),
-        cancel,
-    };
-    tracing::info!(group = %g.cfg.name, master = %g.master, config_epoch = g.config_epoch, "monitoring group");
-    metrics::gauge!(m::CONFIG_EPOCH, "group" => g.label.clone()).set(g.config_epoch as f64);
-    metrics::gauge!(m::GROUP_MASTER, "group" => g.label.clone(), m::SERVER_LABEL => g.master.to_string())
-        .set(1.0);
-    // Boxed: an async fn keeps its arguments and the locals they are moved
-    // into side by side, and the group (2 KiB) was stored twice in every
-    // group's task.
-    tasks.spawn(run(Box::new(g), rx, probe_rx, internal_rx));
-    Ok(handle)
-}
-
-/// The next change of the peer table, with the receiver to wait on again
-/// (false: the table is gone).
-async fn peers_changed(
-    mut rx: watch::Receiver<PeerSnapshot>,
-) -> (bool, watch::Receiver<PeerSnapshot>) {
-    let open = rx.changed().await.is_ok();
-    (open, rx)
 }
 
 /// What woke the group task.
@@ -413,138 +382,60 @@ enum Woken {
     Peers,
     Timer,
 }
-
-/// The task: handle one thing at a time, to completion.
-async fn run(
-    mut g: Box<Group>,
-    mut rx: mpsc::Receiver<Box<GroupMsg>>,
-    mut probe_rx: mpsc::Receiver<Box<ProbeEvent>>,
-    mut internal_rx: mpsc::Receiver<Box<Internal>>,
-) {
-    let mut next_tick = Instant::now();
-    let mut last_view = Instant::now();
-    // A token's future, polled at every wake-up of the task, takes the
-    // token's lock each time: a watcher waits for it instead and fires a
-    // oneshot, whose poll is one atomic load.
-    let (stop_tx, mut stopped) = oneshot::channel::<()>();
-    let cancel = g.effects.cancel().clone();
-    tokio::spawn(async move {
-        cancel.cancelled().await;
-        let _ = stop_tx.send(());
-    });
-    // Kept across iterations, as the timer below: a change notification
-    // (and a timer) made anew at every message were registered and freed
-    // a thousand times a second with a thousand instances.
-    let peers_changed = peers_changed(g.peer_rx.clone());
-    tokio::pin!(peers_changed);
-    let mut peers_open = true;
-    let sleep = tokio::time::sleep_until(next_tick);
-    tokio::pin!(sleep);
-    // Whether the INFO cadences must be looked at again: not after a PING
-    // that changed nothing, by far the most frequent message.
-    let mut cadence_due = true;
-    g.now = Instant::now();
-    g.sync_liveness();
-    loop {
-        let mut wake = g.next_wake(next_tick);
-        if g.dirty {
-            wake = wake.min(last_view + VIEW_MIN_GAP);
-        }
-        if sleep.deadline() != wake {
-            sleep.as_mut().reset(wake);
-        }
-        let woken = tokio::select! {
-            _ = &mut stopped => break,
-            Some(ev) = probe_rx.recv() => Woken::Probe(ev),
-            Some(msg) = rx.recv() => Woken::Msg(msg),
-            Some(int) = internal_rx.recv() => Woken::Internal(int),
-            (open, rx) = &mut peers_changed, if peers_open => {
-                peers_open = open;
-                peers_changed.set(self::peers_changed(rx));
-                if !open {
-                    continue;
-                }
-                Woken::Peers
-            }
-            _ = &mut sleep => Woken::Timer,
-        };
-        g.now = Instant::now();
+impl Group {
+    /// Handle what woke the task, at `self.now`; whether the INFO cadences
+    /// must be looked at again.
+    pub(super) fn on_wake(&mut self, woken: Woken) -> bool {
         // Valid PINGs that changed nothing are stamped by the probes, not
         // sent: take them in before anything is decided (an SDOWN
         // deadline that woke the task may have been met meanwhile).
-        g.sync_liveness();
+        self.sync_liveness();
         match woken {
             Woken::Probe(ev) => {
                 let info = matches!(*ev, ProbeEvent::Info { .. });
-                cadence_due |= g.on_probe(*ev);
+                let changed = self.on_probe(*ev);
                 if info {
-                    g.try_pending_switchover(g.now);
+                    self.try_pending_switchover(self.now);
                 }
+                changed
             }
             Woken::Msg(msg) => {
-                g.on_msg(*msg);
-                cadence_due = true;
-                g.dirty = true;
+                self.on_msg(*msg);
+                self.dirty = true;
+                true
             }
             Woken::Internal(int) => {
-                g.on_internal(*int);
-                cadence_due = true;
-                g.dirty = true;
+                self.on_internal(*int);
+                self.dirty = true;
+                true
             }
             Woken::Peers => {
-                g.check_peer_configs(g.now);
-                g.on_peer_sdown_hellos(g.now);
-                cadence_due = true;
-                g.dirty = true;
+                self.check_peer_configs(self.now);
+                self.on_peer_sdown_hellos(self.now);
+                self.dirty = true;
+                true
             }
             Woken::Timer => {
-                g.on_tick();
-                cadence_due = true;
-                let now = Instant::now();
-                if now >= next_tick {
-                    // On the probes' grid: the groups tick in the wake-ups
-                    // that send the PINGs (see `probe::grain`).
-                    let period = g.tick_period_now();
-                    let t = crate::probe::on_grid(
-                        now + period,
-                        crate::probe::grain(g.cfg.ping_period()),
-                    );
-                    next_tick = if t > now { t } else { now + period };
-                }
+                self.on_tick();
+                true
             }
-        }
-        // The view is published when something in it changed (a burst of
-        // changes once per VIEW_MIN_GAP; a new master at once), and once a
-        // second for its ages: rebuilding every group's view ten times a
-        // second was a fifth of the CPU at a thousand instances.
-        let now = Instant::now();
-        let since = now.duration_since(last_view);
-        if g.urgent || (g.dirty && since >= VIEW_MIN_GAP) || since >= VIEW_REFRESH {
-            g.publish_view();
-            if g.urgent {
-                // The hello is built from the published views: asked for
-                // before this publication (a new master, SDOWN), it may
-                // have carried the old view, and the peers would have
-                // learnt the change only from the next periodic hello.
-                g.ctx.hello_now.notify_one();
-            }
-            g.dirty = false;
-            g.urgent = false;
-            last_view = now;
-        }
-        if cadence_due {
-            g.update_info_cadence(now);
-            g.update_sync_holds();
-            cadence_due = false;
         }
     }
-    // Background retries of the discovery backends end with the group too.
-    g.discovery.shutdown();
-    g.effects.stop().await;
-    tracing::info!(group = %g.cfg.name, "group task stopped");
 }
 
 impl Group {
+    /// Start probing the master and the servers known from the state file
+    /// (`picket import`'s, and those known at the last config): probed
+    /// before the master lists them, so that a master already down can be
+    /// failed over and an old master coming back is demoted.
+    fn probe_from_start(&mut self, known: &[Addr]) {
+        let master = self.master.clone();
+        self.ensure_instance(&master);
+        for r in known.iter().filter(|r| **r != master) {
+            self.ensure_instance(r);
+        }
+    }
+
     fn emit(&self, kind: EventKind, detail: &Detail) {
         self.ctx
             .events
@@ -556,7 +447,9 @@ impl Group {
         self.notice_stall(now);
         match msg {
             GroupMsg::IsDown { query, reply } => self.answer_is_down(now, query, reply),
-            GroupMsg::Switchover { to, reply } => self.start_switchover(now, to, reply),
+            GroupMsg::Switchover { to, reply } => {
+                self.start_switchover(now, to, SwitchoverReply::Api(reply))
+            }
             GroupMsg::Members(members) => self.on_members(now, members),
             GroupMsg::Reset => {
                 for addr in self.replica_addrs() {
@@ -571,14 +464,9 @@ impl Group {
 
     /// A planned switchover: at once when every replica's INFO is fresh,
     /// else after reading them all.
-    fn start_switchover(
-        &mut self,
-        now: Instant,
-        to: Option<Addr>,
-        reply: oneshot::Sender<Result<(), FailoverError>>,
-    ) {
+    fn start_switchover(&mut self, now: Instant, to: Option<Addr>, reply: SwitchoverReply) {
         if self.pending_switchover.is_some() {
-            let _ = reply.send(Err(FailoverError::InProgress));
+            reply.send(&self.cfg.name, Err(FailoverError::InProgress));
         } else if self.replicas_read_since(None, now) {
             self.request_switchover(now, to, reply);
         } else {
@@ -620,6 +508,19 @@ impl Group {
             Internal::ConfigPersisted { epoch, result } => self.on_config_persisted(epoch, result),
             Internal::Demoted(addr, r) => self.on_demoted(addr, r),
             Internal::ScriptKilled(addr, r) => self.on_script_killed(addr, r),
+            Internal::FenceSet {
+                master,
+                target,
+                lag,
+                at,
+                result,
+            } => self.on_fence_set(master, target, lag, at, result),
+            Internal::FenceCleared {
+                addr,
+                run_id,
+                at,
+                result,
+            } => self.on_fence_cleared(addr, run_id, at, result),
             Internal::PeerConfigChecked { from, group, role } => {
                 self.on_peer_config_checked(from, group, role)
             }
@@ -740,13 +641,6 @@ pub fn hello_groups(groups: &HashMap<String, GroupHandle>) -> Vec<HelloGroup> {
     out
 }
 
-/// How often a group's view is rebuilt when nothing changed (its ages).
-const VIEW_REFRESH: Duration = Duration::from_secs(1);
-
-/// The shortest gap between two publications of a group's view, unless
-/// its master changed.
-const VIEW_MIN_GAP: Duration = Duration::from_millis(20);
-
 /// The tick of a quiet group: a quarter of `down_after` (at most 1 s, at
 /// least the active tick), or 250 ms with isolation fencing, whose
 /// decisions are made on time as the peers' reports age.
@@ -788,7 +682,7 @@ mod tests {
     fn a_group_task_holds_its_state_once() {
         // Every group's task is allocated at this size for its life; with
         // the group passed by value it was stored twice (4.6 KiB).
-        let task = future_size(run);
+        let task = future_size(driver::run);
         let group = std::mem::size_of::<Group>();
         assert!(
             task < group / 2,

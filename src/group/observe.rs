@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Group;
-use super::effects::Internal;
+use super::effects::Work;
 use crate::addr::Addr;
 use crate::events::{Detail, EventKind};
 use crate::failover::ops::ScriptKill;
@@ -320,7 +320,7 @@ impl Group {
             reconnect_fast_for: (self.cfg.down_after + self.cfg.down_after_refused())
                 .max(Duration::from_secs(2)),
         };
-        let probe = probe::spawn(settings, self.probe_tx.clone());
+        let probe = self.effects.start_probe(settings);
         let now = self.now;
         // Up until SDOWN says otherwise, as in the view; without this the
         // gauge would only appear at the first +sdown.
@@ -331,7 +331,7 @@ impl Group {
             Box::new(Instance {
                 addr: addr.clone(),
                 server,
-                probe: Some(probe),
+                probe,
                 sdown: Sdown::new(self.cfg.down_after, self.cfg.down_after_refused(), now),
                 connected: false,
                 connected_at: None,
@@ -722,12 +722,7 @@ impl Group {
             Detail::Replica(addr.clone())
         };
         self.emit(EventKind::ScriptKill, &detail);
-        let ops = self.ops.clone();
-        let addr = addr.clone();
-        self.effects.spawn(async move {
-            let result = ops.script_kill(&addr).await;
-            Some(Internal::ScriptKilled(addr, result))
-        });
+        self.effects.run(Work::ScriptKill(addr.clone()));
     }
 
     pub(super) fn on_script_killed(&mut self, addr: Addr, result: Result<ScriptKill, RespError>) {
@@ -825,22 +820,17 @@ impl Group {
             // (a replica there must not resync on its own: its
             // `--break_replication_on_master_restart`, or the failover
             // coming first).
-            let ops = self.ops.clone();
-            let target = addr.clone();
             let pause = reboot_pause(self.cfg.down_after);
             // A paused server answers nobody, the other daemons' probes
             // included: they are given the time of one reconnect to read
             // its INFO and judge it on their own evidence, or they would
             // see only silence and fail it over only after down_after.
             // Replicas reconnect far less often (Redis: once a second).
-            let delay = reconnect_fast(self.cfg.down_after_refused()) + Duration::from_millis(5);
-            self.effects.spawn(async move {
-                tokio::time::sleep(delay).await;
-                match ops.pause_all(&target, pause).await {
-                    Ok(()) => tracing::info!(master = %target, ?pause, "restarted master paused: its replicas cannot resynchronise from it"),
-                    Err(e) => tracing::warn!(master = %target, error = %e, "could not pause the restarted master"),
-                }
-                None
+            let after = reconnect_fast(self.cfg.down_after_refused()) + Duration::from_millis(5);
+            self.effects.run(Work::Pause {
+                target: addr.clone(),
+                pause,
+                after,
             });
         }
         if let Some(t) = t {
@@ -876,23 +866,9 @@ impl Group {
         let Some(restore) = h.restore else {
             return;
         };
-        let ops = self.ops.clone();
-        let target = addr.clone();
-        let group = self.label.clone();
-        self.effects.spawn(async move {
-            let result = ops.release_sync_hold(&target, &restore).await;
-            let outcome = match &result {
-                Ok(()) => {
-                    tracing::info!(group = %group, instance = %target, "sync hold released: the server's own replication settings are back");
-                    "released"
-                }
-                Err(e) => {
-                    tracing::warn!(group = %group, instance = %target, error = %e, settings = ?restore, "could not set the server's replication settings back after a sync hold");
-                    "refused"
-                }
-            };
-            metrics::counter!(m::SYNC_HOLDS, "group" => group, "result" => outcome).increment(1);
-            None
+        self.effects.run(Work::ReleaseSyncHold {
+            target: addr.clone(),
+            restore,
         });
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Group;
-use super::effects::Internal;
+use super::effects::Work;
 use crate::addr::Addr;
 use crate::events::{Detail, EventKind};
 use crate::metrics as m;
@@ -131,23 +131,21 @@ impl Group {
         for (addr, flavour) in demote {
             self.emit(EventKind::ConvertToSlave, &Detail::Replica(addr.clone()));
             tracing::info!(group = %self.cfg.name, instance = %addr, master = %master, "demoting a stray master");
-            let ops = self.ops.clone();
-            let m = self.wire(&master);
-            self.effects.spawn(async move {
-                let r = ops.demote(&addr, flavour, &m).await;
-                Some(Internal::Demoted(addr, r))
+            let master = self.wire(&master);
+            self.effects.run(Work::Demote {
+                addr,
+                flavour,
+                master,
             });
         }
         for (addr, flavour) in repoint {
             self.emit(EventKind::FixSlaveConfig, &Detail::Replica(addr.clone()));
-            let ops = self.ops.clone();
-            let m = self.wire(&master);
-            let name = self.cfg.name.clone();
-            self.effects.spawn(async move {
-                if let Err(e) = ops.repoint(&addr, flavour, &m).await {
-                    tracing::warn!(group = %name, instance = %addr, error = %e, "re-pointing a replica failed");
-                }
-                None
+            let master = self.wire(&master);
+            self.effects.run(Work::Repoint {
+                epoch: None,
+                replica: addr,
+                flavour,
+                master,
             });
         }
     }

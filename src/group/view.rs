@@ -3,7 +3,6 @@
 //! touch the task's state.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Serialize, Serializer};
 use tokio::time::Instant;
@@ -361,10 +360,10 @@ impl GroupView {
         config_epoch: u64,
         daemons: usize,
         peers: &[PeerEntry],
+        now: Instant,
     ) -> GroupView {
         // The peers are there from the start: a client asking `CKQUORUM`
         // before the first publication must get the start-up grace too.
-        let now = Instant::now();
         GroupView {
             name: cfg.name.clone(),
             master: master.clone(),
@@ -426,14 +425,6 @@ impl GroupView {
     pub fn reachable_daemons(&self) -> usize {
         1 + self.peers.iter().filter(|p| p.reachable).count()
     }
-}
-
-/// Seconds since the Unix epoch.
-pub(super) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 impl Group {

@@ -106,9 +106,13 @@ pub struct GroupRecord {
     pub vote_epoch: u64,
     /// Whom it voted for in `vote_epoch` (a daemon id).
     pub voted_for: Option<String>,
-    /// Replicas to probe from the start, before the master lists them
-    /// (those a Sentinel knew, written by `picket import`): with the master
-    /// down at start-up they are what a failover can promote.
+    /// Servers to probe from the start besides the master, before it lists
+    /// them: those a Sentinel knew (written by `picket import`), then those
+    /// this daemon knew when it last adopted a config, the old master among
+    /// them (Sentinel's `known-replica` lines). With the master down at
+    /// start-up they are what a failover can promote, and an old master
+    /// that was down while every daemon restarted is still demoted when it
+    /// comes back.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub known_replicas: Vec<Addr>,
 }
@@ -396,12 +400,15 @@ impl StateStore {
     }
 
     /// Record a group's new config (master chosen in `config_epoch`) if it is
-    /// newer than the recorded one. Returns whether it was adopted.
+    /// newer than the recorded one, with the other servers the group knows
+    /// (`known`: kept as [`GroupRecord::known_replicas`]). Returns whether
+    /// it was adopted.
     pub async fn set_config(
         &self,
         group: &str,
         config_epoch: u64,
         master: &Addr,
+        known: Vec<Addr>,
     ) -> Result<bool, StateError> {
         let (group, master) = (group.to_string(), master.clone());
         self.update(move |s| {
@@ -413,6 +420,7 @@ impl StateStore {
                 || (config_epoch == g.config_epoch && g.master.is_none())
             {
                 g.config_epoch = config_epoch;
+                g.known_replicas = known.into_iter().filter(|a| *a != master).collect();
                 g.master = Some(master);
                 true
             } else {
@@ -676,18 +684,36 @@ mod tests {
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
         let m1 = Addr::new("127.0.0.2", 1);
         let m2 = Addr::new("127.0.0.3", 1);
-        assert!(s.set_config("g", 3, &m1).await.unwrap());
-        assert!(!s.set_config("g", 2, &m2).await.unwrap());
-        assert!(!s.set_config("g", 3, &m2).await.unwrap());
+        assert!(s.set_config("g", 3, &m1, vec![]).await.unwrap());
+        assert!(!s.set_config("g", 2, &m2, vec![]).await.unwrap());
+        assert!(!s.set_config("g", 3, &m2, vec![]).await.unwrap());
         assert_eq!(s.group("g").master, Some(m1));
         assert_eq!(s.current_epoch(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_config_keeps_the_other_known_servers_across_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new, replica) = (
+            Addr::new("127.0.0.2", 1),
+            Addr::new("127.0.0.3", 1),
+            Addr::new("127.0.0.4", 1),
+        );
+        let s = StateStore::open(dir.path(), Some("a")).unwrap();
+        let known = vec![old.clone(), new.clone(), replica.clone()];
+        assert!(s.set_config("g", 1, &new, known).await.unwrap());
+        // An older config changes nothing, its servers neither.
+        assert!(!s.set_config("g", 1, &old, vec![]).await.unwrap());
+        drop(s);
+        let s = StateStore::open(dir.path(), Some("a")).unwrap();
+        assert_eq!(s.group("g").known_replicas, vec![old, replica]);
     }
 
     #[tokio::test]
     async fn removing_a_group_keeps_its_vote() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
-        s.set_config("g", 2, &Addr::new("127.0.0.2", 1))
+        s.set_config("g", 2, &Addr::new("127.0.0.2", 1), vec![])
             .await
             .unwrap();
         s.vote("g", 3, "b").await.unwrap();

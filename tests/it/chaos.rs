@@ -62,9 +62,9 @@ const EPOCH_ANNOTATION: &str = "picket.io/epoch";
 const DEFAULT_SEED: u64 = 0x5eed_0008;
 /// Run length when `PICKET_CHAOS_DURATION` is not set.
 const DEFAULT_DURATION_SECS: u64 = 75;
-/// Invariant 3: how long an advertised master may report `role:slave`.
+/// Invariant C3: how long an advertised master may report `role:slave`.
 const MASTER_AS_REPLICA_BOUND: Duration = Duration::from_secs(3);
-/// Invariant 6: how long a running daemon may fail `/healthz`.
+/// Invariant C6: how long a running daemon may fail `/healthz`.
 const HEALTH_BOUND: Duration = Duration::from_secs(5);
 /// Time a daemon gets after a start or SIGCONT before `/healthz` counts.
 const HEALTH_GRACE: Duration = Duration::from_secs(8);
@@ -78,7 +78,7 @@ const POLL: Duration = Duration::from_millis(75);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 /// `max_lag` of the fenced mode, in seconds.
 const FENCE_LAG: u64 = 1;
-/// Invariant 7: a fenced master cut off from its replicas has stopped
+/// Invariant C7: a fenced master cut off from its replicas has stopped
 /// acknowledging writes this long after the cut (`max_lag`, plus Redis'
 /// whole-second lag and its once-a-second count of good replicas).
 const FENCE_BOUND: Duration = Duration::from_millis(FENCE_LAG * 1000 + 2500);
@@ -176,7 +176,7 @@ struct Shared {
     /// Episodes of a file left behind the newest one (not a violation:
     /// reported as a finding).
     lagging_files: AtomicU64,
-    /// Invariant-4 scans of the advertised master that found it a master.
+    /// Invariant-C4 scans of the advertised master that found it a master.
     flush_checks: AtomicU64,
     /// The newest epoch the EndpointSlice carried.
     slice_epoch: Mutex<Option<u64>>,
@@ -377,7 +377,7 @@ fn agreed_view(http: &[SocketAddr]) -> Result<(SocketAddr, u64), String> {
 }
 
 // ---------------------------------------------------------------------------
-// The checker (invariants 1, 2, 3, 4, 6)
+// The checker (invariants C1, 2, 3, 4, 6)
 
 struct Checker {
     shared: Arc<Shared>,
@@ -476,7 +476,7 @@ impl Checker {
         self.check_daemons();
     }
 
-    /// Invariants 1 and 2.
+    /// Invariants C1 and 2.
     fn check_epochs(&mut self, views: &[(String, Option<Advert>)]) {
         for (k, (name, advert)) in views.iter().enumerate() {
             let Some(a) = advert else { continue };
@@ -486,7 +486,7 @@ impl Checker {
                 self.shared.violation(
                     &format!("epoch decrease {name} {last} {}", a.epoch),
                     format!(
-                        "invariant 2: the epoch of {name} went down from {last} to {}",
+                        "invariant C2: the epoch of {name} went down from {last} to {}",
                         a.epoch
                     ),
                 );
@@ -508,7 +508,7 @@ impl Checker {
                 Some((first, by)) if first != m => self.shared.violation(
                     &format!("two masters at epoch {} {m}", a.epoch),
                     format!(
-                        "invariant 1: epoch {} advertised {first} (first seen in {by}) and {m} (in {name})",
+                        "invariant C1: epoch {} advertised {first} (first seen in {by}) and {m} (in {name})",
                         a.epoch
                     ),
                 ),
@@ -549,7 +549,7 @@ impl Checker {
         }
     }
 
-    /// Invariant 3.
+    /// Invariant C3.
     fn check_advertised_role(&mut self, files: &[Option<Advert>]) {
         let Some((epoch, Some(m))) = highest(files) else {
             self.replica_since = None;
@@ -569,7 +569,7 @@ impl Checker {
                     self.shared.violation(
                         &format!("advertised replica {m} {epoch}"),
                         format!(
-                            "invariant 3: {m}, advertised as master at epoch {epoch} by the files, \
+                            "invariant C3: {m}, advertised as master at epoch {epoch} by the files, \
                              has been a replica for more than {MASTER_AS_REPLICA_BOUND:?}"
                         ),
                     );
@@ -581,7 +581,7 @@ impl Checker {
         }
     }
 
-    /// Invariant 4: nothing written before the last unplanned (flushing)
+    /// Invariant C4: nothing written before the last unplanned (flushing)
     /// failover is readable through the master advertised since.
     fn check_flushed(&mut self, files: &[Option<Advert>]) {
         if self.shared.switching.load(Ordering::SeqCst) {
@@ -630,7 +630,7 @@ impl Checker {
                 self.shared.violation(
                     &format!("stale key e:{written_at} on {m} at {epoch}"),
                     format!(
-                        "invariant 4: key e:{written_at} (written at epoch {written_at}) is readable \
+                        "invariant C4: key e:{written_at} (written at epoch {written_at}) is readable \
                          through {m}, advertised at epoch {epoch}, after the flushing failover of \
                          epoch {flushed_at}"
                     ),
@@ -639,7 +639,7 @@ impl Checker {
         }
     }
 
-    /// Invariant 6.
+    /// Invariant C6.
     fn check_daemons(&mut self) {
         {
             let mut nodes = lock(&self.nodes);
@@ -654,7 +654,7 @@ impl Checker {
                     self.shared.violation(
                         &format!("crash {i} {}", self.shared.start.elapsed().as_millis()),
                         format!(
-                            "invariant 6: daemon {} exited on its own ({status}); last log lines:\n{}",
+                            "invariant C6: daemon {} exited on its own ({status}); last log lines:\n{}",
                             n.id,
                             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                         ),
@@ -691,7 +691,7 @@ impl Checker {
                         since.duration_since(self.shared.start).as_millis()
                     ),
                     format!(
-                        "invariant 6: daemon picket-{i} has not answered /healthz for {:?}",
+                        "invariant C6: daemon picket-{i} has not answered /healthz for {:?}",
                         since.elapsed()
                     ),
                 );
@@ -703,7 +703,7 @@ impl Checker {
 // ---------------------------------------------------------------------------
 // Writers
 
-/// The numbered writer of invariant 5: resolves the master through a
+/// The numbered writer of invariant C5: resolves the master through a
 /// daemon's Sentinel API (round robin over the running ones) and writes
 /// `w:<seq>`; records every acknowledged write.
 fn numbered_writer(shared: Arc<Shared>, sentinels: Vec<SocketAddr>) {
@@ -743,7 +743,7 @@ fn numbered_writer(shared: Arc<Shared>, sentinels: Vec<SocketAddr>) {
     }
 }
 
-/// The marker writer of invariant 4: `INCR e:<epoch>` on the master the
+/// The marker writer of invariant C4: `INCR e:<epoch>` on the master the
 /// files advertise at their highest epoch.
 fn marker_writer(shared: Arc<Shared>, files: Vec<PathBuf>) {
     while !shared.stopping() {
@@ -1048,7 +1048,7 @@ impl Chaos {
     }
 
     /// Kill the master and start it again, empty, 50–500 ms later (a
-    /// supervisor's restart after a crash or an OOM kill). Invariant 8: no
+    /// supervisor's restart after a crash or an OOM kill). Invariant C8: no
     /// replica loses data to a server that restarted with less; the keys
     /// written (and replicated) before the kill are all on the master the
     /// group settles on. With `flush_on_failover` the group wants an empty
@@ -1137,7 +1137,7 @@ impl Chaos {
     /// other writers on the other, for 3–10 s. Once healed and settled, the
     /// writes the isolated master acknowledged after the cut and the final
     /// master lacks are reported (not an invariant: they are the writes
-    /// asynchronous replication loses). With isolation fencing, invariant 7:
+    /// asynchronous replication loses). With isolation fencing, invariant C7:
     /// no write acknowledged once the fence took effect (after its first
     /// refusal, or later than [`FENCE_BOUND`] after the cut) while it was
     /// cut off, or after the heal if it was failed over meanwhile.
@@ -1215,7 +1215,7 @@ impl Chaos {
             self.shared.violation(
                 &format!("fenced master acked {n}"),
                 format!(
-                    "invariant 7: the isolated master {master} acknowledged {} writes after its fence \
+                    "invariant C7: the isolated master {master} acknowledged {} writes after its fence \
                      took effect ({fenced_at:?} after the cut; first refusal {refusal:?}): {:?}",
                     late.len(),
                     &late[..late.len().min(10)]
@@ -1265,7 +1265,7 @@ impl Chaos {
             .event(format!("recover: {what} {server} reachable again"));
     }
 
-    /// A planned switchover in a calm moment, and invariant 5 around it.
+    /// A planned switchover in a calm moment, and invariant C5 around it.
     fn switchover(&mut self, old: SocketAddr) {
         let e0 = highest(&read_files(&self.files)).map_or(0, |(e, _)| e);
         let via = self.rng.random_range(0..3);
@@ -1324,7 +1324,7 @@ impl Chaos {
             "recover: switchover done: {new} at epoch {e1} after {:?}",
             t_done - t0
         ));
-        // Invariant 5: every write acknowledged by the old or the new master
+        // Invariant C5: every write acknowledged by the old or the new master
         // from shortly before the command until now is on the new master.
         let window_start = t0.checked_sub(Duration::from_secs(2)).unwrap_or(t0);
         let acked: Vec<Acked> = lock(&self.shared.acked)
@@ -1363,7 +1363,7 @@ impl Chaos {
             self.shared.violation(
                 &format!("lost writes {e1}"),
                 format!(
-                    "invariant 5: {} acknowledged writes lost by the switchover to {new} (epoch {e1}): {:?}",
+                    "invariant C5: {} acknowledged writes lost by the switchover to {new} (epoch {e1}): {:?}",
                     lost.len(),
                     &lost[..lost.len().min(10)]
                 ),
@@ -1650,7 +1650,7 @@ fn chaos_with_isolation_fencing_bounds_what_an_isolated_master_acknowledges() {
 }
 
 /// The checker itself must be able to fail: feed it backends that break
-/// invariants 1 to 4 and expect each to be reported.
+/// invariants C1 to 4 and expect each to be reported.
 #[test]
 fn the_checker_reports_synthetic_violations() {
     let topo = Topology::master_with_replicas(1);
@@ -1690,11 +1690,11 @@ fn the_checker_reports_synthetic_violations() {
     );
     assert_eq!(shared.flush_checks.load(Ordering::SeqCst), 1);
 
-    // Invariant 4: an unplanned failover to epoch 2 (same server, for the
+    // Invariant C4: an unplanned failover to epoch 2 (same server, for the
     // test) that did not flush e:1.
     write(0, 2, m);
     check(&mut c);
-    assert!(found("invariant 4"), "{:?}", lock(&shared.violations));
+    assert!(found("invariant C4"), "{:?}", lock(&shared.violations));
     // A planned switchover does not flush: what was written since the
     // failover of epoch 2 may stay.
     assert!(topo.master.cmd(&["DEL", "e:1"]).unwrap().as_int() == Some(1));
@@ -1711,25 +1711,25 @@ fn the_checker_reports_synthetic_violations() {
         lock(&shared.violations)
     );
 
-    // Invariant 1: another master at epoch 3.
+    // Invariant C1: another master at epoch 3.
     write(1, 3, r);
     check(&mut c);
-    assert!(found("invariant 1"), "{:?}", lock(&shared.violations));
+    assert!(found("invariant C1"), "{:?}", lock(&shared.violations));
 
-    // Invariant 2: a file going back to epoch 2.
+    // Invariant C2: a file going back to epoch 2.
     write(1, 2, m);
     check(&mut c);
-    assert!(found("invariant 2"), "{:?}", lock(&shared.violations));
+    assert!(found("invariant C2"), "{:?}", lock(&shared.violations));
 
-    // Invariant 3: both files advertise the replica at epoch 4.
+    // Invariant C3: both files advertise the replica at epoch 4.
     write(0, 4, r);
     write(1, 4, r);
     wait_for(
-        "invariant 3 to be reported",
+        "invariant C3 to be reported",
         Duration::from_secs(10),
         || {
             check(&mut c);
-            found("invariant 3")
+            found("invariant C3")
         },
     );
 }

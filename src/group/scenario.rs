@@ -1,0 +1,1065 @@
+//! Whole failovers through the groups' own decisions, in virtual time.
+//!
+//! Each daemon's group is built as the daemon builds it, but its executor
+//! only records the work the decisions ask for ([`Effects::recording`]).
+//! The simulation carries that work out against simulated servers and
+//! peers and feeds the results back through the dispatch the driver uses
+//! ([`Group::on_wake`]): the peers' questions and votes, hellos, the state
+//! files (real ones, in a temporary directory, so that a daemon restarted
+//! from them is the real restart), promotions, re-pointing and demotions.
+//! No socket, no task, no clock: the time is whatever the simulation says,
+//! a schedule of tens of virtual seconds runs in a fraction of a real one,
+//! and a seed fixes the faults. The process-level tests check the same
+//! decisions against real servers; these check their order and outcome,
+//! and the invariants after every step ([`Sim::violations`]).
+//!
+//! Not simulated yet: servers' replication by data (a full copy from a
+//! restarted master), the sync hold (a probe's work), backends other than
+//! the state file, message delays and reordering.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::effects::{Effects, Internal, Work};
+use super::{Group, GroupMsg, Woken, client_options};
+use crate::addr::Addr;
+use crate::context::DaemonCtx;
+use crate::discovery::runner::DiscoveryRunner;
+use crate::events::Events;
+use crate::failover::machine::Input;
+use crate::probe::info::{Role, parse_info};
+use crate::probe::{Failure, ProbeEvent};
+use crate::quorum::peers::{Hello, HelloGroup, IsDownReply};
+use crate::quorum::state::StateStore;
+use crate::quorum::table::PeerTable;
+use crate::resp::RespError;
+use crate::tilt::Tilt;
+
+/// One simulated data server (Redis 7).
+#[derive(Debug, Clone)]
+struct Server {
+    addr: Addr,
+    alive: bool,
+    /// `None`: a master.
+    master: Option<Addr>,
+    offset: u64,
+    run_id: String,
+    /// The replication history (`master_replid`).
+    replid: String,
+    priority: u32,
+    /// `CLIENT PAUSE … ALL` until then (virtual ms): no replica can
+    /// synchronise from it meanwhile.
+    paused_until: u64,
+    /// A replica whose master has another history asks it for a full copy
+    /// at its next replication cron (Redis: once a second): then.
+    full_sync_at: Option<u64>,
+}
+
+/// The servers of one group.
+#[derive(Debug)]
+struct Servers(Vec<Server>);
+
+impl Servers {
+    fn get(&self, addr: &Addr) -> Option<&Server> {
+        self.0.iter().find(|s| s.addr == *addr)
+    }
+
+    fn get_mut(&mut self, addr: &Addr) -> &mut Server {
+        self.0
+            .iter_mut()
+            .find(|s| s.addr == *addr)
+            .expect("a known server")
+    }
+
+    /// A replica's link is up when its master is alive, a master, and of
+    /// its history (a replica reconnecting to a master of another history
+    /// shows its link down until the copy, which is instantaneous here).
+    fn linked(&self, s: &Server) -> bool {
+        s.master
+            .as_ref()
+            .and_then(|m| self.get(m))
+            .is_some_and(|m| m.alive && m.master.is_none() && m.replid == s.replid)
+    }
+
+    /// What `INFO` answers on `addr`.
+    fn info(&self, s: &Server) -> String {
+        let mut out = format!(
+            "# Server\r\nredis_version:7.0.15\r\nrun_id:{}\r\n# Replication\r\n",
+            s.run_id
+        );
+        match &s.master {
+            None => {
+                let replicas: Vec<&Server> = self
+                    .0
+                    .iter()
+                    .filter(|r| r.alive && r.master.as_ref() == Some(&s.addr))
+                    .collect();
+                out += &format!("role:master\r\nconnected_slaves:{}\r\n", replicas.len());
+                for (i, r) in replicas.iter().enumerate() {
+                    out += &format!(
+                        "slave{i}:ip={},port={},state=online,offset={},lag=0\r\n",
+                        r.addr.host, r.addr.port, r.offset
+                    );
+                }
+            }
+            Some(m) => {
+                out += &format!(
+                    "role:slave\r\nmaster_host:{}\r\nmaster_port:{}\r\nmaster_link_status:{}\r\n\
+                     master_last_io_seconds_ago:0\r\nmaster_sync_in_progress:0\r\n\
+                     slave_repl_offset:{}\r\nslave_priority:{}\r\nslave_read_only:1\r\n",
+                    m.host,
+                    m.port,
+                    if self.linked(s) { "up" } else { "down" },
+                    s.offset,
+                    s.priority
+                );
+            }
+        }
+        out += &format!(
+            "master_replid:{}\r\nmaster_repl_offset:{}\r\n# Keyspace\r\n",
+            s.replid, s.offset
+        );
+        if s.offset > 0 {
+            out += &format!("db0:keys={},expires=0,avg_ttl=0\r\n", s.offset);
+        }
+        out
+    }
+
+    /// Writes reach the masters; linked replicas of the same history
+    /// follow their master, others take a full copy at their next
+    /// replication cron unless the master is paused then. Returns the
+    /// replicas that lost data to the copy (`(replica, from, had, got)`).
+    fn replicate(&mut self, ms: u64) -> Vec<(Addr, Addr, u64, u64)> {
+        for s in self.0.iter_mut().filter(|s| s.alive && s.master.is_none()) {
+            s.offset += 1;
+        }
+        let masters: Vec<(Addr, u64, String, u64)> = self
+            .0
+            .iter()
+            .filter(|s| s.alive && s.master.is_none())
+            .map(|s| (s.addr.clone(), s.offset, s.replid.clone(), s.paused_until))
+            .collect();
+        let mut lost = Vec::new();
+        for s in self.0.iter_mut().filter(|s| s.alive) {
+            let Some((from, offset, replid, paused_until)) =
+                masters.iter().find(|m| Some(&m.0) == s.master.as_ref())
+            else {
+                s.full_sync_at = None;
+                continue;
+            };
+            if s.replid == *replid {
+                s.offset = *offset;
+                s.full_sync_at = None;
+                continue;
+            }
+            let due = *s.full_sync_at.get_or_insert(ms + 1000);
+            if ms >= due && ms >= *paused_until {
+                if s.offset > *offset {
+                    lost.push((s.addr.clone(), from.clone(), s.offset, *offset));
+                }
+                s.offset = *offset;
+                s.replid = replid.clone();
+                s.full_sync_at = None;
+            }
+        }
+        lost
+    }
+}
+
+/// One daemon: its group, its context and the directory of its state file.
+struct Daemon {
+    g: Box<Group>,
+    ctx: Arc<DaemonCtx>,
+    up: bool,
+    dir: tempfile::TempDir,
+}
+
+fn addr(port: u16) -> Addr {
+    Addr {
+        host: "127.0.0.1".into(),
+        port,
+    }
+}
+
+/// The daemons' RESP addresses (never connected to: the simulation
+/// carries their messages).
+fn daemon_addr(i: usize) -> String {
+    format!("127.0.0.1:{}", 26379 + i)
+}
+
+/// A simulation: `n` daemons watching one group of three servers (7000
+/// the master; 7001 has the better priority).
+struct Sim {
+    daemons: Vec<Daemon>,
+    servers: Servers,
+    quorum: usize,
+    seed: u64,
+    t0: Instant,
+    /// Virtual milliseconds since `t0`.
+    ms: u64,
+    rng: StdRng,
+    /// `(ms, daemon, what)`: the work asked for.
+    trace: Vec<(u64, usize, String)>,
+    /// Daemon `d` cannot reach server `a` (silence).
+    cut_server: HashSet<(usize, Addr)>,
+    /// The daemons on the two sides of a cut (both directions).
+    cut_daemons: HashSet<(usize, usize)>,
+    /// The master published at each config epoch, by any daemon.
+    published: BTreeMap<u64, Addr>,
+    /// The last epoch each daemon published.
+    last_published: Vec<u64>,
+    /// Whom each daemon told it voted for, per epoch.
+    votes: BTreeMap<(usize, u64), String>,
+    /// Failover epochs whose fence was asked for, per daemon.
+    fenced: HashSet<(usize, u64)>,
+    violations: Vec<String>,
+}
+
+impl Sim {
+    fn new(n: usize, quorum: usize, seed: u64) -> Sim {
+        let server = |port: u16, master: Option<u16>, priority: u32| Server {
+            addr: addr(port),
+            alive: true,
+            master: master.map(addr),
+            offset: 1000,
+            run_id: format!("{port}").repeat(10),
+            replid: "a".repeat(40),
+            priority,
+            paused_until: 0,
+            full_sync_at: None,
+        };
+        let mut sim = Sim {
+            daemons: Vec::new(),
+            servers: Servers(vec![
+                server(7000, None, 100),
+                server(7001, Some(7000), 10),
+                server(7002, Some(7000), 100),
+            ]),
+            quorum,
+            seed,
+            t0: Instant::now(),
+            ms: 0,
+            rng: StdRng::seed_from_u64(seed),
+            trace: Vec::new(),
+            cut_server: HashSet::new(),
+            cut_daemons: HashSet::new(),
+            published: BTreeMap::new(),
+            last_published: vec![0; n],
+            votes: BTreeMap::new(),
+            fenced: HashSet::new(),
+            violations: Vec::new(),
+        };
+        for i in 0..n {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let d = sim.start_daemon(i, n, dir);
+            sim.daemons.push(d);
+        }
+        sim
+    }
+
+    /// Daemon `i` of `n`, from the state file in `dir` (if any).
+    fn start_daemon(&self, i: usize, n: usize, dir: tempfile::TempDir) -> Daemon {
+        let others: Vec<String> = (0..n).filter(|j| *j != i).map(daemon_addr).collect();
+        let text = format!(
+            "[daemon]\nid = \"d{i}\"\nlisten = \"{}\"\ndata_dir = \"/tmp\"\npeers = {:?}\n\n\
+             [[group]]\nname = \"g\"\nmaster = \"127.0.0.1:7000\"\nquorum = {}\n\
+             down_after = \"1s\"\nfailover_timeout = \"10s\"\n",
+            daemon_addr(i),
+            others,
+            self.quorum
+        );
+        let cfg = crate::config::load_str(std::path::Path::new("t.toml"), &text)
+            .expect("a valid config")
+            .groups
+            .remove(0);
+        let events = Events::new();
+        let links =
+            crate::quorum::peers::peer_client_options(None, None, None, Duration::from_secs(1));
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let ctx = Arc::new(DaemonCtx {
+            id: format!("d{i}"),
+            run_id: format!("{i}").repeat(40),
+            announce: daemon_addr(i),
+            state: Arc::new(
+                StateStore::open(dir.path(), Some(&format!("d{i}"))).expect("a state store"),
+            ),
+            // Links that are never used (the simulation carries the
+            // questions): they connect only when asked something.
+            peers: others
+                .iter()
+                .map(|a| {
+                    crate::quorum::peers::PeerLink::spawn(a.clone(), links.clone(), cancel.clone())
+                })
+                .collect(),
+            peer_table: PeerTable::new(&others),
+            events: events.clone(),
+            hello_now: tokio::sync::Notify::new(),
+            tilt: Tilt::new(events),
+            password: None,
+            simulate_failure: Default::default(),
+        });
+        let record = ctx.state.group("g");
+        let (master, epoch) = match record.master {
+            Some(m) if record.config_epoch > 0 => (m, record.config_epoch),
+            _ => (cfg.master.clone(), record.config_epoch),
+        };
+        let client = client_options(&cfg).expect("client options");
+        let discovery = Arc::new(DiscoveryRunner::new("g", vec![]));
+        let now = self.t0 + Duration::from_millis(self.ms);
+        let mut g = Box::new(Group::new(
+            cfg,
+            ctx.clone(),
+            client,
+            discovery,
+            vec![],
+            Effects::recording(),
+            (master.clone(), epoch),
+            (now, 1_800_000_000 + self.ms / 1000),
+            Some(self.seed.wrapping_add(i as u64)),
+        ));
+        g.probe_from_start(&record.known_replicas);
+        Daemon {
+            g,
+            ctx,
+            up: true,
+            dir,
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.t0 + Duration::from_millis(self.ms)
+    }
+
+    /// Index of the daemon behind daemon `i`'s peer link `link`.
+    fn peer_of(i: usize, link: usize) -> usize {
+        if link < i { link } else { link + 1 }
+    }
+
+    /// Index of daemon `j` among daemon `i`'s peer links.
+    fn link_of(i: usize, j: usize) -> usize {
+        if j < i { j } else { j - 1 }
+    }
+
+    fn cut(&self, i: usize, j: usize) -> bool {
+        self.cut_daemons.contains(&(i, j)) || self.cut_daemons.contains(&(j, i))
+    }
+
+    /// Wake daemon `i` with `woken`, publish its view as the driver does,
+    /// then carry out what it asked for.
+    async fn wake(&mut self, i: usize, woken: Woken) {
+        if !self.daemons[i].up {
+            return;
+        }
+        let now = self.now();
+        let g = &mut self.daemons[i].g;
+        g.now = now;
+        g.on_wake(woken);
+        g.publish_view();
+        g.dirty = false;
+        g.urgent = false;
+        Box::pin(self.execute(i)).await;
+    }
+
+    /// Carry out daemon `i`'s recorded work, feeding each result back.
+    async fn execute(&mut self, i: usize) {
+        for _ in 0..100 {
+            let work = self.daemons[i].g.effects.take();
+            if work.is_empty() {
+                return;
+            }
+            for w in work {
+                if let Some(result) = self.carry_out(i, w).await {
+                    Box::pin(self.wake(i, Woken::Internal(Box::new(result)))).await;
+                }
+            }
+        }
+        self.violations
+            .push(format!("daemon {i} kept asking for work at {} ms", self.ms));
+    }
+
+    fn note(&mut self, i: usize, what: String) {
+        self.trace.push((self.ms, i, what));
+    }
+
+    async fn carry_out(&mut self, i: usize, w: Work) -> Option<Internal> {
+        let state = self.daemons[i].ctx.state.clone();
+        match w {
+            Work::AskPeer { peer, query } => {
+                let j = Sim::peer_of(i, peer);
+                let at = self.now();
+                let epoch = query.epoch;
+                if self.cut(i, j) || !self.daemons[j].up {
+                    return Some(Internal::Answer {
+                        peer,
+                        epoch,
+                        at,
+                        result: Err(RespError::Closed),
+                    });
+                }
+                let (tx, mut rx) = oneshot::channel();
+                let msg = GroupMsg::IsDown { query, reply: tx };
+                Box::pin(self.wake(j, Woken::Msg(Box::new(msg)))).await;
+                let result = match rx.try_recv() {
+                    Ok(Ok(r)) => Ok(r),
+                    _ => Err(RespError::Closed),
+                };
+                if let Ok(r) = &result
+                    && r.leader_epoch == epoch
+                    && let Some(leader) = &r.leader
+                {
+                    self.check_vote(j, epoch, leader);
+                }
+                Some(Internal::Answer {
+                    peer,
+                    epoch,
+                    at,
+                    result,
+                })
+            }
+            Work::StartElection { seen } => {
+                self.note(i, "start election".into());
+                Some(Internal::EpochPersisted(
+                    state.start_election("g", seen).await,
+                ))
+            }
+            Work::Vote { query, down, reply } => {
+                let candidate = query.candidate.clone().unwrap_or_default();
+                let result = state.vote("g", query.epoch, &candidate).await;
+                Some(Internal::Voted {
+                    query,
+                    down,
+                    result,
+                    reply,
+                })
+            }
+            Work::AnswerWithoutVote { query, down, reply } => {
+                if query.candidate.is_none() && query.epoch > 0 {
+                    let _ = state.observe_epoch(query.epoch).await;
+                }
+                let rec = state.group("g");
+                let _ = reply.send(Ok(IsDownReply {
+                    down,
+                    leader: rec.voted_for,
+                    leader_epoch: rec.vote_epoch,
+                }));
+                None
+            }
+            Work::Fence { epoch, fence, .. } => {
+                self.note(i, format!("fence {} at {epoch}", fence.old_master));
+                self.fenced.insert((i, epoch));
+                Some(Internal::Failover(epoch, Input::Fenced(Ok(()))))
+            }
+            Work::Promote {
+                epoch, candidate, ..
+            } => {
+                self.note(i, format!("promote {candidate} at {epoch}"));
+                if !self.fenced.contains(&(i, epoch)) {
+                    self.violations.push(format!(
+                        "{} ms: daemon {i} promoted {candidate} at epoch {epoch} before fencing",
+                        self.ms
+                    ));
+                }
+                let reached = self.reaches(i, &candidate);
+                if reached {
+                    self.servers.get_mut(&candidate).master = None;
+                }
+                let r = if reached {
+                    Ok(())
+                } else {
+                    Err(crate::failover::machine::PromoteError::Promotion(format!(
+                        "{candidate}: unreachable"
+                    )))
+                };
+                Some(Internal::Failover(epoch, Input::Promoted(r)))
+            }
+            Work::PersistAndPublish {
+                topology,
+                known,
+                machine,
+                ..
+            } => {
+                let epoch = topology.epoch;
+                self.publish(i, epoch, &topology.master, "publish");
+                let persisted = state.set_config("g", epoch, &topology.master, known).await;
+                Some(Internal::Published {
+                    epoch,
+                    persisted,
+                    machine,
+                    result: Ok(()),
+                })
+            }
+            Work::Republish { topology, .. } => {
+                self.publish(i, topology.epoch, &topology.master, "republish");
+                None
+            }
+            Work::PersistConfig {
+                epoch,
+                master,
+                known,
+            } => {
+                let result = state.set_config("g", epoch, &master, known).await;
+                Some(Internal::ConfigPersisted { epoch, result })
+            }
+            Work::Repoint {
+                epoch,
+                replica,
+                master,
+                ..
+            } => {
+                self.note(i, format!("repoint {replica} to {master}"));
+                let r = if self.reaches(i, &replica) {
+                    self.servers.get_mut(&replica).master = Some(master);
+                    Ok(())
+                } else {
+                    Err(crate::failover::CommandFailed(format!(
+                        "{replica}: unreachable"
+                    )))
+                };
+                epoch.map(|e| Internal::Failover(e, Input::RepointSent(replica, r)))
+            }
+            Work::Demote {
+                addr: a, master, ..
+            } => {
+                self.note(i, format!("demote {a} to {master}"));
+                let r = if self.reaches(i, &a) {
+                    self.servers.get_mut(&a).master = Some(master);
+                    Ok(())
+                } else {
+                    Err(RespError::Closed)
+                };
+                Some(Internal::Demoted(a, r))
+            }
+            Work::CheckPeerConfig { from, group } => {
+                let role = match self.servers.get(&group.master) {
+                    Some(s) if self.reaches(i, &s.addr) => Ok(if s.master.is_none() {
+                        Role::Master
+                    } else {
+                        Role::Replica
+                    }),
+                    _ => Err(RespError::Closed),
+                };
+                Some(Internal::PeerConfigChecked { from, group, role })
+            }
+            Work::Pause {
+                target,
+                pause,
+                after,
+            } => {
+                self.note(i, format!("pause {target}"));
+                if self.reaches(i, &target) {
+                    let from = self.ms + after.as_millis() as u64;
+                    let s = self.servers.get_mut(&target);
+                    s.paused_until = s.paused_until.max(from + pause.as_millis() as u64);
+                }
+                None
+            }
+            other => {
+                self.note(i, format!("{other:?}"));
+                None
+            }
+        }
+    }
+
+    fn reaches(&self, i: usize, a: &Addr) -> bool {
+        !self.cut_server.contains(&(i, a.clone())) && self.servers.get(a).is_some_and(|s| s.alive)
+    }
+
+    /// Invariant 3 and one master per epoch, at every publication.
+    fn publish(&mut self, i: usize, epoch: u64, master: &Addr, how: &str) {
+        self.note(i, format!("{how} {master} at {epoch}"));
+        match self.published.get(&epoch) {
+            Some(m) if m != master => self.violations.push(format!(
+                "{} ms: daemon {i} published {master} at epoch {epoch}, already {m}",
+                self.ms
+            )),
+            _ => {
+                self.published.insert(epoch, master.clone());
+            }
+        }
+        if epoch < self.last_published[i] {
+            self.violations.push(format!(
+                "{} ms: daemon {i} published epoch {epoch} after {}",
+                self.ms, self.last_published[i]
+            ));
+        }
+        self.last_published[i] = self.last_published[i].max(epoch);
+    }
+
+    /// Invariant 1: one vote per daemon and epoch, also across restarts.
+    fn check_vote(&mut self, voter: usize, epoch: u64, leader: &str) {
+        match self.votes.get(&(voter, epoch)) {
+            Some(l) if l != leader => self.violations.push(format!(
+                "{} ms: daemon {voter} voted for {l} and {leader} at epoch {epoch}",
+                self.ms
+            )),
+            _ => {
+                self.votes.insert((voter, epoch), leader.to_string());
+            }
+        }
+    }
+
+    /// Advance `ms` of virtual time in steps of 10 ms: each daemon's probe
+    /// of each server it knows answers every 20 ms (INFO every 100 ms),
+    /// a dead server refuses, a cut one is silent; hellos every 200 ms;
+    /// ticks every 50 ms; the servers replicate every 100 ms.
+    async fn run_for(&mut self, ms: u64) {
+        let end = self.ms + ms;
+        while self.ms < end {
+            self.ms += 10;
+            let at = self.now();
+            if self.ms.is_multiple_of(100) {
+                // Invariant 19 (C8): a server that came back with less is
+                // never the sync source of replicas holding more until the
+                // quorum has decided (a copy from the master the newest
+                // epoch published is that decision: losses to it are the
+                // price of a failover to the only server left).
+                let decided = self.published.last_key_value().map(|(_, m)| m.clone());
+                for (r, from, had, got) in self.servers.replicate(self.ms) {
+                    if Some(&from) != decided.as_ref() {
+                        self.violations.push(format!(
+                            "{} ms: invariant 19: {r} took a full copy of {got} from {from}, \
+                             not the published master, losing {had}",
+                            self.ms
+                        ));
+                    }
+                }
+            }
+            for i in 0..self.daemons.len() {
+                if !self.daemons[i].up {
+                    continue;
+                }
+                let known: Vec<Addr> = self.daemons[i].g.instances.keys().cloned().collect();
+                for a in known {
+                    let Some(s) = self.servers.get(&a) else {
+                        continue;
+                    };
+                    let ev = if self.cut_server.contains(&(i, a.clone())) {
+                        None
+                    } else if !s.alive {
+                        self.ms.is_multiple_of(20).then(|| ProbeEvent::Unreachable {
+                            addr: a.clone(),
+                            at,
+                            error: "Connection refused".into(),
+                            cause: Failure::Refused,
+                        })
+                    } else if self.ms.is_multiple_of(100) {
+                        Some(ProbeEvent::Info {
+                            addr: a.clone(),
+                            at,
+                            info: Box::new(parse_info(&self.servers.info(s))),
+                            ip: None,
+                        })
+                    } else {
+                        self.ms.is_multiple_of(20).then(|| ProbeEvent::Ping {
+                            addr: a.clone(),
+                            at,
+                            valid: true,
+                            latency: Some(Duration::from_millis(1)),
+                            error: None,
+                            busy: false,
+                        })
+                    };
+                    if let Some(ev) = ev {
+                        self.wake(i, Woken::Probe(Box::new(ev))).await;
+                    }
+                }
+                if self.ms.is_multiple_of(50) {
+                    self.wake(i, Woken::Timer).await;
+                }
+            }
+            if self.ms.is_multiple_of(200) {
+                self.hellos().await;
+            }
+        }
+    }
+
+    /// Every daemon's hello to every peer it reaches.
+    async fn hellos(&mut self) {
+        let at = self.now();
+        let n = self.daemons.len();
+        for i in 0..n {
+            if !self.daemons[i].up {
+                continue;
+            }
+            let d = &self.daemons[i];
+            let v = d.g.view_tx.borrow().clone();
+            let hello = Hello {
+                id: d.ctx.id.clone(),
+                run_id: Some(d.ctx.run_id.clone()),
+                addr: d.ctx.announce.clone(),
+                current_epoch: d.ctx.state.current_epoch(),
+                groups: vec![HelloGroup {
+                    name: v.name.clone(),
+                    master: v.master.clone(),
+                    config_epoch: v.config_epoch,
+                    sdown: v.master_sdown,
+                    replicas: Some(super::isolation::replica_sight(&v)),
+                }],
+            };
+            for j in 0..n {
+                if j == i || !self.daemons[j].up || self.cut(i, j) {
+                    continue;
+                }
+                let table = &self.daemons[j].ctx.peer_table;
+                table.record_hello_at(Sim::link_of(j, i), &hello, at);
+                table.mark_seen(Sim::link_of(j, i), at);
+                self.wake(j, Woken::Peers).await;
+            }
+        }
+    }
+
+    /// Stop daemon `i` (as kill -9: what it did not persist is lost).
+    fn crash(&mut self, i: usize) {
+        self.daemons[i].up = false;
+    }
+
+    /// Start daemon `i` again from its state file.
+    fn restart(&mut self, i: usize) {
+        let n = self.daemons.len();
+        let dir = std::mem::replace(
+            &mut self.daemons[i].dir,
+            tempfile::tempdir().expect("a temporary directory"),
+        );
+        self.daemons[i] = self.start_daemon(i, n, dir);
+    }
+
+    /// The position in the trace of the first entry starting with `what`
+    /// (a failure when there is none).
+    fn at(&self, what: &str) -> usize {
+        self.trace
+            .iter()
+            .position(|(_, _, w)| w.starts_with(what))
+            .unwrap_or_else(|| panic!("no {what:?} in the trace: {:#?}", self.trace))
+    }
+
+    /// The master every up daemon names, if they agree.
+    fn agreed_master(&self) -> Option<Addr> {
+        let mut up = self.daemons.iter().filter(|d| d.up).map(|d| &d.g.master);
+        let first = up.next()?.clone();
+        up.all(|m| *m == first).then_some(first)
+    }
+
+    /// A schedule of random faults for `secs` virtual seconds: kills and
+    /// empty restarts of servers, daemons cut off and healed, daemons
+    /// crashed and restarted from their state file. Ends healed, with
+    /// every server and daemon up, and checks that the group settles.
+    async fn chaos(&mut self, secs: u64) {
+        for _ in 0..secs {
+            let n = self.daemons.len();
+            match self.rng.random_range(0..8u32) {
+                0 | 1 => {
+                    // Kill the server the first up daemon calls master.
+                    if let Some(m) = self
+                        .daemons
+                        .iter()
+                        .find(|d| d.up)
+                        .map(|d| d.g.master.clone())
+                    {
+                        let s = self.servers.get_mut(&m);
+                        s.alive = false;
+                        self.note(n, format!("fault: kill {m}"));
+                    }
+                }
+                2 | 3 => {
+                    // A dead server comes back, empty or with its data.
+                    let empty = self.rng.random_bool(0.5);
+                    if let Some(s) = self.servers.0.iter_mut().find(|s| !s.alive) {
+                        s.alive = true;
+                        if empty {
+                            s.offset = 0;
+                            s.run_id = format!("{:040}", self.ms);
+                            s.replid = format!("{:040}", self.ms + 1);
+                        }
+                        let a = s.addr.clone();
+                        self.note(n, format!("fault: restart {a} empty={empty}"));
+                    }
+                }
+                4 => {
+                    let i = self.rng.random_range(0..n);
+                    for j in (0..n).filter(|j| *j != i) {
+                        self.cut_daemons.insert((i, j));
+                    }
+                    for s in &self.servers.0 {
+                        self.cut_server.insert((i, s.addr.clone()));
+                    }
+                    self.note(n, format!("fault: isolate daemon {i}"));
+                }
+                5 => {
+                    let i = self.rng.random_range(0..n);
+                    if self.daemons[i].up && self.daemons.iter().filter(|d| d.up).count() > 1 {
+                        self.crash(i);
+                        self.note(n, format!("fault: crash daemon {i}"));
+                    }
+                }
+                _ => {
+                    self.cut_daemons.clear();
+                    self.cut_server.clear();
+                    for i in 0..n {
+                        if !self.daemons[i].up {
+                            self.restart(i);
+                            self.note(n, format!("fault: restart daemon {i}"));
+                        }
+                    }
+                    self.note(n, "fault: heal".into());
+                }
+            }
+            let step = self.rng.random_range(300..1500);
+            self.run_for(step).await;
+        }
+        // Heal everything and give the group time to settle.
+        self.cut_daemons.clear();
+        self.cut_server.clear();
+        for i in 0..self.daemons.len() {
+            if !self.daemons[i].up {
+                self.restart(i);
+            }
+        }
+        for s in self.servers.0.iter_mut().filter(|s| !s.alive) {
+            s.alive = true;
+        }
+        self.note(self.daemons.len(), "fault: heal all".into());
+        self.run_for(15_000).await;
+        match self.agreed_master() {
+            Some(m) if self.servers.get(&m).is_some_and(|s| s.master.is_none()) => {
+                let others = self
+                    .servers
+                    .0
+                    .iter()
+                    .filter(|s| s.addr != m && s.master.as_ref() != Some(&m))
+                    .count();
+                if others > 0 {
+                    self.violations.push(format!(
+                        "settled on {m}, but {others} servers do not follow it"
+                    ));
+                }
+            }
+            other => self.violations.push(format!(
+                "not settled 15 s after healing: the daemons name {:?}, agreed {other:?}",
+                self.daemons
+                    .iter()
+                    .map(|d| d.g.master.to_string())
+                    .collect::<Vec<_>>()
+            )),
+        }
+    }
+
+    /// A hash of the trace: the same seed must give the same one.
+    fn trace_hash(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        self.trace.hash(&mut h);
+        h.finish()
+    }
+
+    fn assert_no_violation(&self) {
+        assert!(
+            self.violations.is_empty(),
+            "seed {}: {:#?}\ntrace: {:#?}",
+            self.seed,
+            self.violations,
+            self.trace
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_killed_master_is_failed_over_in_order_and_demoted_when_it_returns() {
+    let mut sim = Sim::new(1, 1, 1);
+    sim.run_for(2_000).await;
+    assert_eq!(
+        sim.daemons[0].g.instances.len(),
+        3,
+        "the replicas are learnt from the master's INFO"
+    );
+    // While healthy: only the start-up publication of the configured
+    // master (once per epoch and process).
+    let healthy: Vec<&str> = sim.trace.iter().map(|(_, _, w)| w.as_str()).collect();
+    assert_eq!(
+        healthy,
+        ["republish 127.0.0.1:7000 at 0"],
+        "{:#?}",
+        sim.trace
+    );
+
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    let killed = sim.ms;
+    sim.run_for(1_000).await;
+    let new = addr(7001);
+    assert_eq!(
+        sim.daemons[0].g.master, new,
+        "the better priority: {:#?}",
+        sim.trace
+    );
+    let (fence, promote, publish) = (sim.at("fence"), sim.at("promote"), sim.at("publish"));
+    assert!(fence < promote && promote < publish, "{:#?}", sim.trace);
+    assert!(sim.trace[promote].2.starts_with(&format!("promote {new}")));
+    assert!(sim.at("repoint 127.0.0.1:7002 to 127.0.0.1:7001") > publish);
+    // Refused connections: down within down_after_refused (100 ms), not
+    // down_after (1 s); the failover itself takes no virtual time here.
+    let published_after = sim.trace[publish].0 - killed;
+    assert!(
+        published_after < 400,
+        "published {published_after} ms after the kill"
+    );
+    assert_eq!(sim.daemons[0].ctx.state.group("g").config_epoch, 1);
+
+    // The old master comes back empty (a new run id) as a master: it is
+    // demoted to the new one.
+    {
+        let old = sim.servers.get_mut(&addr(7000));
+        old.alive = true;
+        old.offset = 0;
+        old.run_id = "f".repeat(40);
+        old.replid = "b".repeat(40);
+    }
+    sim.run_for(1_000).await;
+    sim.at(&format!("demote 127.0.0.1:7000 to {new}"));
+    assert_eq!(sim.daemons[0].g.master, new);
+    sim.assert_no_violation();
+}
+
+#[tokio::test]
+async fn a_master_restarted_empty_before_it_was_seen_down_is_failed_over_for_its_reboot() {
+    let mut sim = Sim::new(1, 1, 1);
+    sim.run_for(2_000).await;
+    // Killed and back, empty, within one probe period: the probes never
+    // see a refusal long enough for SDOWN, only a new run id with less.
+    {
+        let m = sim.servers.get_mut(&addr(7000));
+        m.offset = 0;
+        m.run_id = "f".repeat(40);
+        m.replid = "b".repeat(40);
+    }
+    sim.run_for(2_000).await;
+    let new = addr(7001);
+    assert_eq!(sim.daemons[0].g.master, new, "{:#?}", sim.trace);
+    let pause = sim.at("pause");
+    let (fence, promote, publish) = (sim.at("fence"), sim.at("promote"), sim.at("publish"));
+    assert!(
+        pause < promote,
+        "paused before the promotion: {:#?}",
+        sim.trace
+    );
+    assert!(fence < promote && promote < publish, "{:#?}", sim.trace);
+    sim.at(&format!("demote 127.0.0.1:7000 to {new}"));
+    sim.assert_no_violation();
+}
+
+#[tokio::test]
+async fn three_daemons_agree_on_one_failover_and_every_one_adopts_it() {
+    let mut sim = Sim::new(3, 2, 7);
+    sim.run_for(3_000).await;
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    sim.run_for(3_000).await;
+    let new = addr(7001);
+    for d in &sim.daemons {
+        assert_eq!(d.g.master, new, "{}: {:#?}", d.ctx.id, sim.trace);
+        assert_eq!(d.g.config_epoch, 1);
+    }
+    let leaders: HashSet<usize> = sim
+        .trace
+        .iter()
+        .filter(|(_, _, w)| w.starts_with("promote"))
+        .map(|(_, i, _)| *i)
+        .collect();
+    assert_eq!(leaders.len(), 1, "one leader: {:#?}", sim.trace);
+    sim.assert_no_violation();
+}
+
+#[tokio::test]
+async fn a_daemon_cut_off_from_the_others_never_fails_over_alone() {
+    let mut sim = Sim::new(3, 2, 11);
+    sim.run_for(3_000).await;
+    // Daemon 0 loses the master and the other daemons; they still see it.
+    sim.cut_server.insert((0, addr(7000)));
+    sim.cut_daemons.insert((0, 1));
+    sim.cut_daemons.insert((0, 2));
+    sim.run_for(5_000).await;
+    assert!(
+        !sim.trace.iter().any(|(_, _, w)| w.starts_with("promote")),
+        "{:#?}",
+        sim.trace
+    );
+    for d in &sim.daemons {
+        assert_eq!(d.g.master, addr(7000));
+    }
+    sim.assert_no_violation();
+}
+
+#[tokio::test]
+async fn seeded_faults_keep_every_invariant() {
+    // A few seeds here; more in a longer run: PICKET_SIM_SEEDS=n.
+    let seeds: u64 = std::env::var("PICKET_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let base: u64 = std::env::var("PICKET_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    for seed in base..base + seeds {
+        let mut sim = Sim::new(3, 2, seed);
+        sim.run_for(2_000).await;
+        sim.chaos(20).await;
+        if !sim.violations.is_empty() {
+            panic!(
+                "seed {seed} (replay: PICKET_SIM_SEED={seed} PICKET_SIM_SEEDS=1 cargo test --lib group::scenario::seeded): {:#?}\ntrace: {:#?}",
+                sim.violations, sim.trace
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_same_seed_gives_the_same_trace() {
+    let mut hashes = Vec::new();
+    for _ in 0..2 {
+        let mut sim = Sim::new(3, 2, 5);
+        sim.run_for(2_000).await;
+        sim.chaos(10).await;
+        assert!(sim.trace.len() > 10, "{:#?}", sim.trace);
+        hashes.push(sim.trace_hash());
+    }
+    assert_eq!(hashes[0], hashes[1]);
+}
+
+/// Found by the seeded faults (seed 101): a master failed over while it was
+/// down, then every daemon restarted, then it came back as a master. The
+/// restarted daemons knew only the new master (from their state files) and
+/// nobody ever demoted the old one. The config is now persisted with the
+/// servers the group knew (Sentinel's `known-replica`).
+#[tokio::test]
+async fn an_old_master_down_while_every_daemon_restarted_is_demoted_when_it_returns() {
+    let mut sim = Sim::new(3, 2, 3);
+    sim.run_for(3_000).await;
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    sim.run_for(3_000).await;
+    for d in &sim.daemons {
+        assert_eq!(d.g.master, addr(7001), "{:#?}", sim.trace);
+    }
+    for i in 0..3 {
+        sim.crash(i);
+        sim.restart(i);
+    }
+    sim.run_for(2_000).await;
+    {
+        let old = sim.servers.get_mut(&addr(7000));
+        old.alive = true;
+        old.offset = 0;
+        old.run_id = "f".repeat(40);
+        old.replid = "b".repeat(40);
+    }
+    sim.run_for(3_000).await;
+    sim.at("demote 127.0.0.1:7000 to 127.0.0.1:7001");
+    assert_eq!(
+        sim.servers.get(&addr(7000)).and_then(|s| s.master.clone()),
+        Some(addr(7001))
+    );
+    sim.assert_no_violation();
+}
