@@ -807,18 +807,15 @@ impl DragonflyStub {
                     Role::Replica(_) => Some(false),
                 }
             };
-            match promoting {
-                None => {}
-                Some(false) => {
-                    // replica.cc Greet: PC_RETURN_ON_BAD_RESPONSE, then
-                    // Start's "could not greet master " + the error.
-                    return Out::Error("ERR could not greet master Bad message".into());
-                }
-                Some(true) => {
-                    if !target.wait_promoted().await {
-                        return Out::Error("ERR could not greet master Bad message".into());
-                    }
-                }
+            let refused = match promoting {
+                None => false,
+                Some(false) => true,
+                Some(true) => !target.wait_promoted().await,
+            };
+            if refused {
+                // replica.cc Greet: PC_RETURN_ON_BAD_RESPONSE, then
+                // Start's "could not greet master " + the error.
+                return Out::Error("ERR could not greet master Bad message".into());
             }
         }
         // Replica::Stop of the current replication: it tries nothing more,
