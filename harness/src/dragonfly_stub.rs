@@ -26,23 +26,26 @@
 //! source read: dragonflydb/dragonfly v1.40.1, commit 434478e00), as far as
 //! picket's decisions depend on it:
 //! - A replica that loses its master tries it again 500 ms later, and every
-//!   500 ms after that (`src/server/replica.cc`, `MainReplicationFb`:
+//!   500 ms after that (`src/server/replica.cc:246`, `MainReplicationFb`:
 //!   `ThisFiber::SleepFor(500ms)` before each reconnect). If the master
 //!   answers with another replication id (it restarted), the replica takes a
 //!   full copy of it and drops what it held (`InitiateDflySync` →
-//!   `JournalExecutor::FlushAll`; every copy is recorded:
+//!   `JournalExecutor::FlushAll`, `replica.cc:668`; every copy is recorded:
 //!   [`DragonflyStub::full_syncs`]), unless
 //!   `--break_replication_on_master_restart`
 //!   ([`StubWorld::break_replication_on_master_restart`]): then it stops,
-//!   its link down and its data kept (`HandleCapaDflyResp`).
+//!   its link down and its data kept (`HandleCapaDflyResp`,
+//!   `replica.cc:401-407`).
 //! - `REPLICAOF NO ONE` on a replica waiting to reconnect stops it at once
-//!   but answers only when that sleep ends (`server_family.cc`
-//!   `ReplicaOfNoOne` holds `replicaof_mu_` and `Replica::Stop` joins the
-//!   sleeping fiber): after a kill, about 0.4 s after picket sees it down.
+//!   but answers only when that sleep ends (`server_family.cc:3360-3383`
+//!   `ReplicaOfNoOne` holds `replicaof_mu_` and `Replica::Stop`,
+//!   `replica.cc:171-182`, joins the sleeping fiber): after a kill, about
+//!   0.4 s after picket sees it down.
 //! - `REPLICAOF host port` greets the new master before it touches the
-//!   current replication (`ReplicaOfInternal`: `Replica::Start`, then
-//!   `Replica::Stop` of the old one). A master that is still a replica
-//!   refuses it (`ReplConf`: "Replicating a replica is unsupported"; the
+//!   current replication (`ReplicaOfInternal`: `Replica::Start` at
+//!   `server_family.cc:3421`, then `Replica::Stop` of the old one at 3439).
+//!   A master that is still a replica refuses it (`ReplConf`,
+//!   `server_family.cc:3524-3529`: "Replicating a replica is unsupported"; the
 //!   replica answers "could not greet master Bad message" and keeps its
 //!   replication); one whose `REPLICAOF NO ONE` is under way makes it wait
 //!   on its `replicaof_mu_` until it is a master. When that promotion ends

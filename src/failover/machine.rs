@@ -240,9 +240,9 @@ impl Failover {
     /// Dragonfly only, unplanned only, and not with `flush_on_failover`:
     /// - A Dragonfly replica retries its lost master every 500 ms and its
     ///   `REPLICAOF NO ONE` answers only after that sleep (Dragonfly
-    ///   `src/server/replica.cc` `MainReplicationFb`: `SleepFor(500ms)`;
-    ///   `server_family.cc` `ReplicaOfNoOne` joins that fiber in
-    ///   `Replica::Stop`). Nothing holds a restarted Dragonfly back (no
+    ///   v1.40.1 `src/server/replica.cc:246` `MainReplicationFb`:
+    ///   `SleepFor(500ms)`; `server_family.cc:3360` `ReplicaOfNoOne` joins
+    ///   that fiber in `Replica::Stop`, `replica.cc:182`). Nothing holds a restarted Dragonfly back (no
     ///   pause, no sync hold), so the other replicas' next retry, at the
     ///   same moment as that answer, would take a full copy of a master
     ///   that restarted empty before a re-point sent after the answer
@@ -252,7 +252,11 @@ impl Failover {
     ///   the re-point either fails without touching the replica's current
     ///   replication (it is retried, then sent again after publication) or
     ///   waits on the candidate's `replicaof_mu_` until the candidate is a
-    ///   master. Redis and Valkey accept a replica of a replica: sent
+    ///   master (`server_family.cc:3524-3529`; the replica greets its new
+    ///   master before it stops the old replication, 3421 then 3439). It
+    ///   then stops that replica's own retry a few round trips before the
+    ///   retry, due at the same moment, could drop anything: a race won by
+    ///   that margin on a real server, not by construction. Redis and Valkey accept a replica of a replica: sent
     ///   early, it would chain the replica under a server that is still a
     ///   replica of the dead master. They need none of it either: their
     ///   `REPLICAOF NO ONE` answers at once and the sync hold keeps a
