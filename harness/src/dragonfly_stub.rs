@@ -357,18 +357,23 @@ impl StubWorld {
             while next <= now {
                 next += RECONNECT_EVERY;
             }
-            // A copy, so that no two stubs' locks are ever held together.
+            // A copy (of the data only for a full sync), so that no two
+            // stubs' locks are ever held together.
             let found = self.node(master).filter(|m| m.is_running()).and_then(|m| {
                 let s = m.state();
-                (s.role == Role::Master).then(|| (s.data.clone(), s.lsn, s.replid.clone()))
+                (s.role == Role::Master).then(|| {
+                    let copy =
+                        (s.replid != replid && !break_on_restart).then(|| (s.data.clone(), s.lsn));
+                    (s.replid.clone(), copy)
+                })
             });
             let mut s = r.state();
             s.link = match found {
                 // Refused, or a replica that refuses replicas: later.
                 None => Link::Reconnecting { next },
-                Some((_, _, id)) if id == replid => Link::Streaming,
-                Some(_) if break_on_restart => Link::Stopped,
-                Some((data, lsn, id)) => {
+                Some((id, _)) if id == replid => Link::Streaming,
+                Some((_, None)) => Link::Stopped,
+                Some((id, Some((data, lsn)))) => {
                     s.full_syncs.push(FullSync {
                         from: master,
                         at: now,
