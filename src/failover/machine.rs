@@ -242,11 +242,12 @@ impl Failover {
     ///   `REPLICAOF NO ONE` answers only after that sleep (Dragonfly
     ///   v1.40.1 `src/server/replica.cc:246` `MainReplicationFb`:
     ///   `SleepFor(500ms)`; `server_family.cc:3360` `ReplicaOfNoOne` joins
-    ///   that fiber in `Replica::Stop`, `replica.cc:182`). Nothing holds a restarted Dragonfly back (no
-    ///   pause, no sync hold), so the other replicas' next retry, at the
-    ///   same moment as that answer, would take a full copy of a master
-    ///   that restarted empty before a re-point sent after the answer
-    ///   arrives. Their `REPLICAOF` stops that retry.
+    ///   that fiber in `Replica::Stop`, `replica.cc:182`). Nothing holds a
+    ///   restarted Dragonfly back (no pause, no sync hold), so the other
+    ///   replicas' next retry, at the same moment as that answer, would
+    ///   take a full copy of a master that restarted empty before a
+    ///   re-point sent after the answer arrives. Their `REPLICAOF` stops
+    ///   that retry.
     /// - Sent early, it is still safe: Dragonfly refuses a replica of a
     ///   replica (`ReplConf`: "Replicating a replica is unsupported"), so
     ///   the re-point either fails without touching the replica's current
@@ -256,11 +257,12 @@ impl Failover {
     ///   master before it stops the old replication, 3421 then 3439). It
     ///   then stops that replica's own retry a few round trips before the
     ///   retry, due at the same moment, could drop anything: a race won by
-    ///   that margin on a real server, not by construction. Redis and Valkey accept a replica of a replica: sent
-    ///   early, it would chain the replica under a server that is still a
-    ///   replica of the dead master. They need none of it either: their
-    ///   `REPLICAOF NO ONE` answers at once and the sync hold keeps a
-    ///   restarted master from serving full copies meanwhile.
+    ///   that margin on a real server, not by construction.
+    /// - Redis and Valkey accept a replica of a replica: sent early, it
+    ///   would chain the replica under a server that is still a replica of
+    ///   the dead master. They need none of it either: their `REPLICAOF NO
+    ///   ONE` answers at once and the sync hold keeps a restarted master
+    ///   from serving full copies meanwhile.
     /// - A switchover's master is alive: nothing to race.
     /// - With `flush_on_failover` the group's data is dropped anyway, and
     ///   the replicas follow the new master only once it is flushed.
