@@ -20,13 +20,47 @@
 //! A master that exits ([`DragonflyStub::kill`]: its connections closed,
 //! its port refused) and comes back ([`DragonflyStub::restart_empty_master`])
 //! is a new process as a real Dragonfly shows it: a new `master_replid`,
-//! `uptime_in_seconds` from 0, no keys. Its replicas then behave as a real
-//! Dragonfly replica does when it reconnects to a master with another
-//! replication id: by default (`--break_replication_on_master_restart=false`)
-//! it takes a full copy of it [`StubWorld::resync_after`] the restart
-//! (1 s here; about 2 s were measured on a real one) and drops what it
-//! held; with the flag ([`StubWorld::break_replication_on_master_restart`])
-//! it stays a replica with its link down and keeps its data.
+//! `uptime_in_seconds` from 0, no keys.
+//!
+//! A replica's replication follows Dragonfly's replication fiber (the
+//! source read: dragonflydb/dragonfly v1.40.1, commit 434478e00), as far as
+//! picket's decisions depend on it:
+//! - A replica that loses its master tries it again 500 ms later, and every
+//!   500 ms after that (`src/server/replica.cc:246`, `MainReplicationFb`:
+//!   `ThisFiber::SleepFor(500ms)` before each reconnect). If the master
+//!   answers with another replication id (it restarted), the replica takes a
+//!   full copy of it and drops what it held (`InitiateDflySync` →
+//!   `JournalExecutor::FlushAll`, `replica.cc:668`; every copy is recorded:
+//!   [`DragonflyStub::full_syncs`]), unless
+//!   `--break_replication_on_master_restart`
+//!   ([`StubWorld::break_replication_on_master_restart`]): then it stops,
+//!   its link down and its data kept (`HandleCapaDflyResp`,
+//!   `replica.cc:401-407`).
+//! - `REPLICAOF NO ONE` on a replica waiting to reconnect stops it at once
+//!   but answers only when that sleep ends (`server_family.cc:3360-3383`
+//!   `ReplicaOfNoOne` holds `replicaof_mu_` and `Replica::Stop`,
+//!   `replica.cc:171-182`, joins the sleeping fiber): after a kill, about
+//!   0.4 s after picket sees it down.
+//! - `REPLICAOF host port` greets the new master before it touches the
+//!   current replication (`ReplicaOfInternal`: `Replica::Start` at
+//!   `server_family.cc:3421`, then `Replica::Stop` of the old one at 3439).
+//!   A master that is still a replica refuses it (`ReplConf`,
+//!   `server_family.cc:3524-3529`: "Replicating a replica is unsupported"; the
+//!   replica answers "could not greet master Bad message" and keeps its
+//!   replication); one whose `REPLICAOF NO ONE` is under way makes it wait
+//!   on its `replicaof_mu_` until it is a master. When that promotion ends
+//!   at the same moment as the replica's own retry, the re-point stops the
+//!   retry first: it has two round trips left (the rest of its greeting),
+//!   the retry at least six (connect, greeting, the flows) before it drops
+//!   anything. On a real server that margin is a few round trips, not a
+//!   certainty.
+//!
+//! Not modelled: `INFO` and `ROLE` wait on `replicaof_mu_` during such a
+//! promotion (here they answer at once, with the old role), and the
+//! candidate accepts writes from the moment `REPLICAOF NO ONE` arrives
+//! (`SetMasterFlagOnAllThreads(true)` before `Replica::Stop`); `REPLICAOF`
+//! to a server that refuses connections is accepted here (a real one
+//! answers "could not connect to master").
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -85,6 +119,33 @@ enum Role {
     Replica(SocketAddr),
 }
 
+/// How often a replica whose master is gone tries it again (Dragonfly
+/// `replica.cc` `MainReplicationFb`: `ThisFiber::SleepFor(500ms)`).
+pub const RECONNECT_EVERY: Duration = Duration::from_millis(500);
+
+/// Where a replica's replication fiber is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    /// Following its master (or about to find it gone).
+    Streaming,
+    /// Its master went away: the next try at `next`.
+    Reconnecting { next: std::time::Instant },
+    /// Stopped (`Replica::Stop`, or a master with another replication id
+    /// under `--break_replication_on_master_restart`): tries nothing.
+    Stopped,
+}
+
+/// A full copy a replica took.
+#[derive(Debug, Clone)]
+pub struct FullSync {
+    /// The master it copied.
+    pub from: SocketAddr,
+    /// When.
+    pub at: std::time::Instant,
+    /// How many keys it copied (what it held before is gone).
+    pub keys: usize,
+}
+
 #[derive(Debug)]
 struct State {
     role: Role,
@@ -96,6 +157,14 @@ struct State {
     pid: u32,
     /// When this process started (`uptime_in_seconds`).
     started: std::time::Instant,
+    /// The replication fiber (replicas only).
+    link: Link,
+    /// `REPLICAOF NO ONE` waits for the fiber's sleep to end.
+    promoting: bool,
+    /// Replicas whose `REPLICAOF` to this server waits for that promotion.
+    waiters: Vec<SocketAddr>,
+    /// Full copies taken, oldest first.
+    full_syncs: Vec<FullSync>,
 }
 
 struct Node {
@@ -105,6 +174,8 @@ struct Node {
     running: Mutex<Option<CancellationToken>>,
     /// Cancelled by `CLIENT KILL LADDR` (then replaced).
     conns: Mutex<CancellationToken>,
+    /// Bumped when a promotion ends, for the commands waiting on it.
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl Node {
@@ -139,16 +210,44 @@ impl Node {
     fn conn_token(&self) -> CancellationToken {
         self.conns.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+
+    /// Wait (at most 10 s) until a promotion under way has ended; whether
+    /// it is a master then.
+    async fn wait_promoted(&self) -> bool {
+        let mut rx = self.changed.subscribe();
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if !self.state().promoting {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        ended.is_ok() && self.state().role == Role::Master
+    }
+
+    /// Whether `master` runs, is a master and is in this replica's history.
+    fn linked_to(&self, world: &StubWorld, master: SocketAddr) -> bool {
+        let replid = self.state().replid.clone();
+        world.node(master).is_some_and(|n| {
+            n.is_running() && {
+                let s = n.state();
+                s.role == Role::Master && s.replid == replid
+            }
+        })
+    }
 }
 
 struct WorldInner {
     rt: Option<tokio::runtime::Runtime>,
     nodes: Mutex<HashMap<SocketAddr, Arc<Node>>>,
     next_id: Mutex<u64>,
-    /// How a replica treats a master with another replication id: None,
-    /// it keeps its data (`--break_replication_on_master_restart`); Some,
-    /// it takes a full copy that long after the master started.
-    resync_after: Mutex<Option<Duration>>,
+    /// `--break_replication_on_master_restart`: a replica keeps its data
+    /// when its master comes back with another replication id.
+    break_on_restart: Mutex<bool>,
 }
 
 /// The stubs of one test and the runtime that serves them. Dropping it
@@ -184,29 +283,20 @@ impl StubWorld {
                 rt: Some(rt),
                 nodes: Mutex::new(HashMap::new()),
                 next_id: Mutex::new(0),
-                resync_after: Mutex::new(Some(Duration::from_secs(1))),
+                break_on_restart: Mutex::new(false),
             }),
         };
-        // The replicas' reconnects, as a real replica retries its master.
+        // The replicas' replication fibers, stepped every few milliseconds
+        // (well under their 500 ms retry).
         let weak = Arc::downgrade(&world.inner);
         world.rt().spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
                 let Some(inner) = weak.upgrade() else { return };
-                StubWorld { inner }.resync_replicas();
+                StubWorld { inner }.step_replication(std::time::Instant::now());
             }
         });
         world
-    }
-
-    /// A replica of a master that restarted (a new replication id) takes
-    /// a full copy of it `after` the restart, dropping what it held.
-    pub fn resync_after(&self, after: Duration) {
-        *self
-            .inner
-            .resync_after
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(after);
     }
 
     /// `--break_replication_on_master_restart=true`: a replica never
@@ -214,45 +304,100 @@ impl StubWorld {
     pub fn break_replication_on_master_restart(&self) {
         *self
             .inner
-            .resync_after
+            .break_on_restart
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
+            .unwrap_or_else(|e| e.into_inner()) = true;
     }
 
-    /// Replicas whose running master has another replication id than
-    /// theirs and has been up for `resync_after`: a full copy of it.
-    fn resync_replicas(&self) {
-        let Some(after) = *self
+    /// One step of every replica's replication fiber at `now`: promotions
+    /// whose sleep ended first (and the re-points waiting on them stop
+    /// their replica's old replication), then the retries that are due,
+    /// then the links found lost. Never two stubs' locks at once.
+    fn step_replication(&self, now: std::time::Instant) {
+        let nodes: Vec<Arc<Node>> = self
+            .nodes()
+            .values()
+            .filter(|n| n.is_running())
+            .cloned()
+            .collect();
+        for n in &nodes {
+            let waiters = {
+                let mut s = n.state();
+                let due = matches!(s.link, Link::Reconnecting { next } if next <= now);
+                if !(s.promoting && due) {
+                    continue;
+                }
+                s.promoting = false;
+                s.role = Role::Master;
+                s.replid = self.new_replid();
+                s.link = Link::Stopped;
+                std::mem::take(&mut s.waiters)
+            };
+            for w in waiters.iter().filter_map(|w| self.node(*w)) {
+                w.state().link = Link::Stopped;
+            }
+            n.changed.send_modify(|g| *g += 1);
+        }
+        let break_on_restart = *self
             .inner
-            .resync_after
+            .break_on_restart
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-        else {
-            return;
-        };
-        let nodes: Vec<Arc<Node>> = self.nodes().values().cloned().collect();
-        for r in nodes.iter().filter(|n| n.is_running()) {
-            let (master, replid) = {
+            .unwrap_or_else(|e| e.into_inner());
+        for r in &nodes {
+            let (master, replid, next) = {
                 let s = r.state();
-                match s.role {
-                    Role::Replica(m) => (m, s.replid.clone()),
-                    Role::Master => continue,
+                match (&s.role, s.link) {
+                    (Role::Replica(m), Link::Reconnecting { next }) if next <= now => {
+                        (*m, s.replid.clone(), next)
+                    }
+                    _ => continue,
                 }
             };
-            let Some(m) = self.node(master).filter(|m| m.is_running()) else {
-                continue;
-            };
-            // A copy, so that no two stubs' locks are ever held together.
-            let copy = {
+            let mut next = next;
+            while next <= now {
+                next += RECONNECT_EVERY;
+            }
+            // A copy (of the data only for a full sync), so that no two
+            // stubs' locks are ever held together.
+            let found = self.node(master).filter(|m| m.is_running()).and_then(|m| {
                 let s = m.state();
-                (s.role == Role::Master && s.replid != replid && s.started.elapsed() >= after)
-                    .then(|| (s.data.clone(), s.lsn, s.replid.clone()))
+                (s.role == Role::Master).then(|| {
+                    let copy =
+                        (s.replid != replid && !break_on_restart).then(|| (s.data.clone(), s.lsn));
+                    (s.replid.clone(), copy)
+                })
+            });
+            let mut s = r.state();
+            s.link = match found {
+                // Refused, or a replica that refuses replicas: later.
+                None => Link::Reconnecting { next },
+                Some((id, _)) if id == replid => Link::Streaming,
+                Some((_, None)) => Link::Stopped,
+                Some((id, Some((data, lsn)))) => {
+                    s.full_syncs.push(FullSync {
+                        from: master,
+                        at: now,
+                        keys: data.len(),
+                    });
+                    s.data = data;
+                    s.lsn = lsn;
+                    s.replid = id;
+                    Link::Streaming
+                }
             };
-            if let Some((data, lsn, replid)) = copy {
-                let mut s = r.state();
-                s.data = data;
-                s.lsn = lsn;
-                s.replid = replid;
+        }
+        for r in &nodes {
+            let master = {
+                let s = r.state();
+                match (&s.role, s.link) {
+                    (Role::Replica(m), Link::Streaming) => *m,
+                    _ => continue,
+                }
+            };
+            if !r.linked_to(self, master) {
+                r.state().link = Link::Reconnecting {
+                    next: now + RECONNECT_EVERY,
+                };
             }
         }
     }
@@ -283,7 +428,7 @@ impl StubWorld {
     /// A replica of `master` on `ip`, fully synced at once.
     pub fn start_replica(&self, ip: &str, master: SocketAddr) -> DragonflyStub {
         let stub = self.start(ip, Role::Master);
-        stub.replicaof(Some(master));
+        stub.replicaof(master);
         stub
     }
 
@@ -315,9 +460,14 @@ impl StubWorld {
                 commands: Vec::new(),
                 pid: 40_000 + u32::try_from(id).unwrap_or(0),
                 started: std::time::Instant::now(),
+                link: Link::Stopped,
+                promoting: false,
+                waiters: Vec::new(),
+                full_syncs: Vec::new(),
             }),
             running: Mutex::new(None),
             conns: Mutex::new(CancellationToken::new()),
+            changed: tokio::sync::watch::Sender::new(0),
         });
         node.state().replid = self.new_replid();
         self.nodes().insert(addr, node.clone());
@@ -378,6 +528,12 @@ impl DragonflyStub {
         }
     }
 
+    /// Every full copy this stub took as a replica, oldest first (its
+    /// first sync included).
+    pub fn full_syncs(&self) -> Vec<FullSync> {
+        self.node.state().full_syncs.clone()
+    }
+
     /// Number of keys.
     pub fn dbsize(&self) -> usize {
         self.node.state().data.len()
@@ -395,7 +551,15 @@ impl DragonflyStub {
 
     /// The process dies (`kill -9`): its connections are closed and its
     /// port refuses new ones until [`DragonflyStub::restart_empty_master`].
+    /// Its replicas see their link close at once and try again
+    /// [`RECONNECT_EVERY`] later.
     pub fn kill(&self) {
+        let now = std::time::Instant::now();
+        for r in self.world.replicas_of(self.addr()) {
+            r.state().link = Link::Reconnecting {
+                next: now + RECONNECT_EVERY,
+            };
+        }
         self.node.stop();
     }
 
@@ -534,6 +698,7 @@ impl DragonflyStub {
                 Out::Array(replies)
             }
             "REPLTAKEOVER" => self.repltakeover(&args).await,
+            "REPLICAOF" | "SLAVEOF" if args.len() == 3 => self.replicaof_command(&args).await,
             _ => self.simple(args),
         }
     }
@@ -571,19 +736,14 @@ impl DragonflyStub {
                 self.write(BTreeMap::clear);
                 Out::ok()
             }
+            // Outside MULTI it is `replicaof_command`, which may wait.
             "REPLICAOF" | "SLAVEOF" if args.len() == 3 => {
-                if arg(1).eq_ignore_ascii_case("no") && arg(2).eq_ignore_ascii_case("one") {
-                    self.replicaof(None);
-                    return Out::ok();
-                }
-                match format!("{}:{}", arg(1), arg(2)).parse::<SocketAddr>() {
-                    Ok(m) => {
-                        self.replicaof(Some(m));
-                        Out::ok()
-                    }
-                    Err(_) => Out::Error("ERR Invalid master address".into()),
-                }
+                Out::Error("ERR the stub runs REPLICAOF outside MULTI only".into())
             }
+            "REPLICAOF" | "SLAVEOF" => Out::Error(format!(
+                "ERR wrong number of arguments for '{}' command",
+                args[0].to_lowercase()
+            )),
             "CLIENT" => self.client(&args),
             "FAILOVER" => Out::Error("ERR unknown command `FAILOVER`".into()),
             "AUTH" => Out::Error(
@@ -631,32 +791,116 @@ impl DragonflyStub {
         }
     }
 
-    fn replicaof(&self, master: Option<SocketAddr>) {
-        match master {
-            None => {
-                let mut s = self.node.state();
-                if s.role != Role::Master {
+    /// `REPLICAOF`/`SLAVEOF` as Dragonfly's `ReplicaOfInternal` runs it.
+    async fn replicaof_command(&self, args: &[String]) -> Out {
+        if args[1].eq_ignore_ascii_case("no") && args[2].eq_ignore_ascii_case("one") {
+            return self.replicaof_no_one().await;
+        }
+        let Ok(m) = format!("{}:{}", args[1], args[2]).parse::<SocketAddr>() else {
+            return Out::Error("ERR Invalid master address".into());
+        };
+        // Replica::Start: the greeting of the new master comes first, while
+        // the current replication goes on. Its REPLCONF is refused by a
+        // replica, and waits on the replicaof_mu_ of one being promoted
+        // (server_family.cc ReplConf).
+        if let Some(target) = self.world.node(m).filter(|n| n.is_running()) {
+            let promoting = {
+                let mut s = target.state();
+                match s.role {
+                    Role::Master => None,
+                    Role::Replica(_) if s.promoting => {
+                        s.waiters.push(self.addr());
+                        Some(true)
+                    }
+                    Role::Replica(_) => Some(false),
+                }
+            };
+            let refused = match promoting {
+                None => false,
+                Some(false) => true,
+                Some(true) => !target.wait_promoted().await,
+            };
+            if refused {
+                // replica.cc Greet: PC_RETURN_ON_BAD_RESPONSE, then
+                // Start's "could not greet master " + the error.
+                return Out::Error("ERR could not greet master Bad message".into());
+            }
+        }
+        // Replica::Stop of the current replication: it tries nothing more,
+        // and the answer waits for its sleep to end.
+        let sleeping_until = {
+            let mut s = self.node.state();
+            let until = match s.link {
+                Link::Reconnecting { next } => Some(next),
+                _ => None,
+            };
+            s.link = Link::Stopped;
+            until
+        };
+        if let Some(t) = sleeping_until {
+            tokio::time::sleep_until(t.into()).await;
+        }
+        self.replicaof(m);
+        Out::ok()
+    }
+
+    /// `REPLICAOF NO ONE`: at once, unless the replica waits to reconnect
+    /// to a lost master; then it stops trying now and answers when that
+    /// sleep ends (`ReplicaOfNoOne` → `Replica::Stop`), as
+    /// [`StubWorld::step_replication`] completes it.
+    async fn replicaof_no_one(&self) -> Out {
+        let wait = {
+            let mut s = self.node.state();
+            match (&s.role, s.link) {
+                (Role::Master, _) => false,
+                (Role::Replica(_), Link::Reconnecting { .. }) => {
+                    s.promoting = true;
+                    true
+                }
+                (Role::Replica(_), _) => {
                     s.role = Role::Master;
                     s.replid = self.world.new_replid();
+                    s.link = Link::Stopped;
+                    false
                 }
             }
-            Some(m) => {
-                // A full sync when the master is up; else the link stays
-                // down and the data is kept until it comes.
-                let snapshot = self
-                    .world
-                    .node(m)
-                    .filter(|n| n.is_running() && n.state().role == Role::Master)
-                    .map(|n| {
-                        let s = n.state();
-                        (s.data.clone(), s.lsn, s.replid.clone())
-                    });
-                let mut s = self.node.state();
-                s.role = Role::Replica(m);
-                if let Some((data, lsn, replid)) = snapshot {
-                    s.data = data;
-                    s.lsn = lsn;
-                    s.replid = replid;
+        };
+        if wait && !self.node.wait_promoted().await {
+            return Out::Error("ERR replication cancelled".into());
+        }
+        Out::ok()
+    }
+
+    /// A new replication of `m`: a full copy when it is a running master;
+    /// else the link stays down, the data kept, and it is tried again.
+    fn replicaof(&self, m: SocketAddr) {
+        let snapshot = self
+            .world
+            .node(m)
+            .filter(|n| n.is_running() && n.state().role == Role::Master)
+            .map(|n| {
+                let s = n.state();
+                (s.data.clone(), s.lsn, s.replid.clone())
+            });
+        let now = std::time::Instant::now();
+        let mut s = self.node.state();
+        s.role = Role::Replica(m);
+        s.promoting = false;
+        match snapshot {
+            Some((data, lsn, replid)) => {
+                s.full_syncs.push(FullSync {
+                    from: m,
+                    at: now,
+                    keys: data.len(),
+                });
+                s.data = data;
+                s.lsn = lsn;
+                s.replid = replid;
+                s.link = Link::Streaming;
+            }
+            None => {
+                s.link = Link::Reconnecting {
+                    next: now + RECONNECT_EVERY,
                 }
             }
         }
@@ -682,6 +926,7 @@ impl DragonflyStub {
                     let mut s = self.node.state();
                     s.role = Role::Master;
                     s.replid = self.world.new_replid();
+                    s.link = Link::Stopped;
                 }
                 Out::ok()
             }
@@ -693,13 +938,7 @@ impl DragonflyStub {
     }
 
     fn link_up(&self, master: SocketAddr) -> bool {
-        let replid = self.node.state().replid.clone();
-        self.world.node(master).is_some_and(|n| {
-            n.is_running() && {
-                let s = n.state();
-                s.role == Role::Master && s.replid == replid
-            }
-        })
+        self.node.linked_to(&self.world, master)
     }
 
     fn info(&self, section: Option<&str>) -> String {

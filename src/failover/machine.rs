@@ -12,8 +12,15 @@
 //! promotion is even attempted, and the new master is published only after
 //! the promotion (and, with `flush_on_failover`, the flush) succeeded. Once
 //! the new master is published the failover can only finish.
+//!
+//! On Dragonfly an unplanned failover without flush also sends the first
+//! `parallel_syncs` re-points beside the promotion, not after its
+//! publication ([`Failover::repoints_beside_promotion`]): a re-point is not
+//! routing, so gating is untouched, and it stops those replicas from
+//! reconnecting to a master that restarted empty while the promotion's
+//! answer is still pending.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -22,6 +29,7 @@ use crate::addr::Addr;
 use crate::discovery::runner::RunnerError;
 use crate::events::{Detail, EventKind};
 use crate::failover::CommandFailed;
+use crate::probe::Flavour;
 
 /// Unplanned failover or planned switchover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,6 +133,10 @@ pub enum Action {
         replica: Addr,
         /// Its new master.
         master: Addr,
+        /// Sent beside the promotion, before the new master answered:
+        /// retried while the candidate refuses replicas because its
+        /// promotion has not begun yet.
+        beside_promotion: bool,
     },
     /// Publish an event.
     Event(EventKind, Detail),
@@ -156,6 +168,12 @@ pub struct Failover {
     pub candidate: Addr,
     /// Flush before publication.
     pub flush: bool,
+    /// Re-point the first replicas beside the promotion (Dragonfly,
+    /// unplanned, no flush): [`Failover::repoints_beside_promotion`].
+    early_repoints: bool,
+    /// Re-points sent beside the promotion whose result is not known yet:
+    /// one that fails is sent again after the publication.
+    sent_early: BTreeSet<Addr>,
     phase: Phase,
     deadline: Instant,
     retry_at: Option<Instant>,
@@ -171,7 +189,8 @@ pub const PROMOTE_RETRY: Duration = Duration::from_millis(200);
 
 impl Failover {
     /// Start a failover (the election is already won). Returns the machine
-    /// and its first actions. `replicas` are the other replicas to re-point.
+    /// and its first actions. `replicas` are the other replicas to re-point;
+    /// `flavour` is the candidate's.
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         now: Instant,
@@ -183,15 +202,19 @@ impl Failover {
         replicas: Vec<Addr>,
         parallel_syncs: u32,
         failover_timeout: Duration,
+        flavour: Flavour,
     ) -> (Failover, Vec<Action>) {
         let todo = replicas
             .into_iter()
             .filter(|r| *r != candidate && *r != old_master)
             .collect();
+        let flush = flush_on_failover && kind == Kind::Unplanned;
         let f = Failover {
             epoch,
             kind,
-            flush: flush_on_failover && kind == Kind::Unplanned,
+            flush,
+            early_repoints: Self::repoints_beside_promotion(kind, flush, flavour),
+            sent_early: BTreeSet::new(),
             old_master: old_master.clone(),
             candidate: candidate.clone(),
             phase: Phase::Fencing,
@@ -209,6 +232,42 @@ impl Failover {
             Action::Fence { old_master },
         ];
         (f, actions)
+    }
+
+    /// Whether the first `parallel_syncs` replicas are re-pointed at the
+    /// moment of the promotion instead of after its publication.
+    ///
+    /// Dragonfly only, unplanned only, and not with `flush_on_failover`:
+    /// - A Dragonfly replica retries its lost master every 500 ms and its
+    ///   `REPLICAOF NO ONE` answers only after that sleep (Dragonfly
+    ///   v1.40.1 `src/server/replica.cc:246` `MainReplicationFb`:
+    ///   `SleepFor(500ms)`; `server_family.cc:3360` `ReplicaOfNoOne` joins
+    ///   that fiber in `Replica::Stop`, `replica.cc:182`). Nothing holds a
+    ///   restarted Dragonfly back (no pause, no sync hold), so the other
+    ///   replicas' next retry, at the same moment as that answer, would
+    ///   take a full copy of a master that restarted empty before a
+    ///   re-point sent after the answer arrives. Their `REPLICAOF` stops
+    ///   that retry.
+    /// - Sent early, it is still safe: Dragonfly refuses a replica of a
+    ///   replica (`ReplConf`: "Replicating a replica is unsupported"), so
+    ///   the re-point either fails without touching the replica's current
+    ///   replication (it is retried, then sent again after publication) or
+    ///   waits on the candidate's `replicaof_mu_` until the candidate is a
+    ///   master (`server_family.cc:3524-3529`; the replica greets its new
+    ///   master before it stops the old replication, 3421 then 3439). It
+    ///   then stops that replica's own retry a few round trips before the
+    ///   retry, due at the same moment, could drop anything: a race won by
+    ///   that margin on a real server, not by construction.
+    /// - Redis and Valkey accept a replica of a replica: sent early, it
+    ///   would chain the replica under a server that is still a replica of
+    ///   the dead master. They need none of it either: their `REPLICAOF NO
+    ///   ONE` answers at once and the sync hold keeps a restarted master
+    ///   from serving full copies meanwhile.
+    /// - A switchover's master is alive: nothing to race.
+    /// - With `flush_on_failover` the group's data is dropped anyway, and
+    ///   the replicas follow the new master only once it is flushed.
+    pub fn repoints_beside_promotion(kind: Kind, flush: bool, flavour: Flavour) -> bool {
+        kind == Kind::Unplanned && !flush && flavour == Flavour::Dragonfly
     }
 
     /// The current phase.
@@ -246,18 +305,29 @@ impl Failover {
         ]
     }
 
-    fn next_repoints(&mut self, now: Instant) -> Vec<Action> {
+    /// Up to `parallel_syncs` re-points in flight; `beside_promotion`
+    /// while the promotion is not confirmed yet.
+    fn send_repoints(&mut self, now: Instant, beside_promotion: bool) -> Vec<Action> {
         let mut out = Vec::new();
         while self.in_flight.len() < self.parallel_syncs {
             let Some(r) = self.todo.pop_front() else {
                 break;
             };
             self.in_flight.insert(r.clone(), now + self.reconf_timeout);
+            if beside_promotion {
+                self.sent_early.insert(r.clone());
+            }
             out.push(Action::Repoint {
                 replica: r,
                 master: self.candidate.clone(),
+                beside_promotion,
             });
         }
+        out
+    }
+
+    fn next_repoints(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = self.send_repoints(now, false);
         if self.todo.is_empty() && self.in_flight.is_empty() {
             self.phase = Phase::Done;
             out.push(Action::Event(EventKind::FailoverEnd, Detail::Master));
@@ -274,10 +344,14 @@ impl Failover {
         match (self.phase, input) {
             (Phase::Fencing, Input::Fenced(Ok(()))) => {
                 self.phase = Phase::Promoting;
-                vec![
+                let mut out = vec![
                     Action::Event(EventKind::FailoverStateSendSlaveofNoone, Detail::Master),
                     self.promote_action(),
-                ]
+                ];
+                if self.early_repoints {
+                    out.extend(self.send_repoints(now, true));
+                }
+                out
             }
             (Phase::Fencing, Input::Fenced(Err(e))) => {
                 // The runner already retried until the deadline (or a
@@ -330,9 +404,28 @@ impl Failover {
                 }
                 self.phase = Phase::Reconfiguring;
                 self.reconf_deadline = Some(now + self.reconf_timeout.max(Duration::from_secs(1)));
+                // The re-points sent beside the promotion get their whole
+                // time from now, as if sent now.
+                for t in self.in_flight.values_mut() {
+                    *t = now + self.reconf_timeout;
+                }
                 out.extend(self.next_repoints(now));
                 out
             }
+            (phase, Input::RepointSent(addr, Err(_))) if self.sent_early.remove(&addr) => {
+                // A re-point sent beside the promotion that failed (the
+                // candidate was not promoting yet, or it failed): nothing
+                // changed on the replica; it is sent again after
+                // publication, as every other one.
+                self.in_flight.remove(&addr);
+                self.todo.push_front(addr);
+                if phase == Phase::Reconfiguring {
+                    self.next_repoints(now)
+                } else {
+                    Vec::new()
+                }
+            }
+            (_, Input::RepointSent(addr, Ok(()))) if self.sent_early.remove(&addr) => Vec::new(),
             (Phase::Reconfiguring, Input::RepointSent(addr, Err(e))) => {
                 // Count it as done: the group task fixes wrong replicas
                 // later (+fix-slave-config), as Sentinel does.
@@ -421,6 +514,7 @@ impl Failover {
                         out.push(Action::Repoint {
                             replica: r,
                             master: self.candidate.clone(),
+                            beside_promotion: false,
                         });
                     }
                     self.phase = Phase::Done;
@@ -447,6 +541,16 @@ mod tests {
     }
 
     fn start(kind: Kind, flush: bool, replicas: Vec<Addr>, ps: u32) -> (Failover, Vec<Action>) {
+        start_on(Flavour::Redis, kind, flush, replicas, ps)
+    }
+
+    fn start_on(
+        flavour: Flavour,
+        kind: Kind,
+        flush: bool,
+        replicas: Vec<Addr>,
+        ps: u32,
+    ) -> (Failover, Vec<Action>) {
         Failover::start(
             Instant::now(),
             7,
@@ -457,7 +561,22 @@ mod tests {
             replicas,
             ps,
             Duration::from_secs(5),
+            flavour,
         )
+    }
+
+    fn repoints(actions: &[Action]) -> Vec<(Addr, bool)> {
+        actions
+            .iter()
+            .filter_map(|x| match x {
+                Action::Repoint {
+                    replica,
+                    beside_promotion,
+                    ..
+                } => Some((replica.clone(), *beside_promotion)),
+                _ => None,
+            })
+            .collect()
     }
 
     fn only(actions: &[Action], f: impl Fn(&Action) -> bool) -> Vec<&Action> {
@@ -490,7 +609,8 @@ mod tests {
             reps,
             vec![&Action::Repoint {
                 replica: a(3),
-                master: a(2)
+                master: a(2),
+                beside_promotion: false,
             }]
         );
         let acts = f.step(Instant::now(), Input::ReplicaSynced(a(3)));
@@ -499,7 +619,8 @@ mod tests {
             reps,
             vec![&Action::Repoint {
                 replica: a(4),
-                master: a(2)
+                master: a(2),
+                beside_promotion: false,
             }]
         );
         let acts = f.step(Instant::now(), Input::ReplicaSynced(a(4)));
@@ -627,5 +748,111 @@ mod tests {
                 .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_))))
         );
         assert_eq!(f.phase(), Phase::Reconfiguring);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dragonfly_repoints_beside_the_promotion_after_the_fence_within_parallel_syncs() {
+        let (mut f, acts) = start_on(
+            Flavour::Dragonfly,
+            Kind::Unplanned,
+            false,
+            vec![a(2), a(3), a(4)],
+            1,
+        );
+        // Nothing before the fence is confirmed.
+        assert!(repoints(&acts).is_empty());
+        assert!(repoints(&f.step(Instant::now(), Input::Tick)).is_empty());
+        let acts = f.step(Instant::now(), Input::Fenced(Ok(())));
+        assert!(acts.contains(&Action::Promote {
+            candidate: a(2),
+            flush: false
+        }));
+        // parallel_syncs = 1: one replica beside the promotion, never the
+        // candidate, and nothing published yet.
+        assert_eq!(repoints(&acts), vec![(a(3), true)]);
+        assert!(!acts.iter().any(|x| matches!(x, Action::Publish { .. })));
+        assert!(
+            f.step(Instant::now(), Input::RepointSent(a(3), Ok(())))
+                .is_empty()
+        );
+        let acts = f.step(Instant::now(), Input::Promoted(Ok(())));
+        assert!(acts.contains(&Action::Publish { master: a(2) }));
+        assert!(repoints(&acts).is_empty());
+        // After publication: a(3) is still in flight, so a(4) waits for it.
+        let acts = f.step(Instant::now(), Input::Published(Ok(())));
+        assert!(repoints(&acts).is_empty(), "{acts:?}");
+        let acts = f.step(Instant::now(), Input::ReplicaSynced(a(3)));
+        assert_eq!(repoints(&acts), vec![(a(4), false)]);
+        let acts = f.step(Instant::now(), Input::ReplicaSynced(a(4)));
+        assert!(acts.contains(&Action::Finished(Outcome::Completed)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repoint_beside_the_promotion_that_fails_is_sent_again_after_publication() {
+        let (mut f, _) = start_on(Flavour::Dragonfly, Kind::Unplanned, false, vec![a(3)], 1);
+        let acts = f.step(Instant::now(), Input::Fenced(Ok(())));
+        assert_eq!(repoints(&acts), vec![(a(3), true)]);
+        let refused = CommandFailed("ERR could not greet master Bad message".into());
+        assert!(
+            f.step(
+                Instant::now(),
+                Input::RepointSent(a(3), Err(refused.clone()))
+            )
+            .is_empty()
+        );
+        f.step(Instant::now(), Input::Promoted(Ok(())));
+        let acts = f.step(Instant::now(), Input::Published(Ok(())));
+        assert_eq!(repoints(&acts), vec![(a(3), false)]);
+        // A second failure is an ordinary one: reported, and the end.
+        let acts = f.step(Instant::now(), Input::RepointSent(a(3), Err(refused)));
+        assert!(
+            acts.iter()
+                .any(|x| matches!(x, Action::Event(EventKind::SlaveReconfFailed, _)))
+        );
+        assert!(acts.contains(&Action::Finished(Outcome::Completed)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_promotion_never_publishes_even_with_replicas_repointed_beside_it() {
+        let (mut f, _) = start_on(Flavour::Dragonfly, Kind::Unplanned, false, vec![a(3)], 1);
+        let acts = f.step(Instant::now(), Input::Fenced(Ok(())));
+        assert_eq!(repoints(&acts), vec![(a(3), true)]);
+        let mut published = false;
+        for _ in 0..100 {
+            let acts = f.step(
+                Instant::now(),
+                Input::Promoted(Err(PromoteError::Promotion("timed out".into()))),
+            );
+            published |= acts.iter().any(|x| matches!(x, Action::Publish { .. }));
+            if f.is_finished() {
+                break;
+            }
+            advance(PROMOTE_RETRY).await;
+            let acts = f.step(Instant::now(), Input::Tick);
+            published |= acts.iter().any(|x| matches!(x, Action::Publish { .. }));
+            // Retrying the promotion sends no second re-point.
+            assert!(repoints(&acts).is_empty());
+        }
+        assert!(!published);
+        assert_eq!(f.phase(), Phase::Aborted);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_an_unplanned_dragonfly_failover_without_flush_repoints_beside_the_promotion() {
+        for (flavour, kind, flush, early) in [
+            (Flavour::Dragonfly, Kind::Unplanned, false, true),
+            (Flavour::Dragonfly, Kind::Unplanned, true, false),
+            (Flavour::Dragonfly, Kind::Switchover, false, false),
+            (Flavour::Redis, Kind::Unplanned, false, false),
+            (Flavour::Valkey, Kind::Unplanned, false, false),
+        ] {
+            let (mut f, _) = start_on(flavour, kind, flush, vec![a(3)], 1);
+            let acts = f.step(Instant::now(), Input::Fenced(Ok(())));
+            assert_eq!(
+                !repoints(&acts).is_empty(),
+                early,
+                "{flavour:?} {kind:?} flush={flush}"
+            );
+        }
     }
 }

@@ -15,6 +15,14 @@ use crate::resp::{ClientOptions, Connection, RespError, ServerError, frame_int, 
 /// on Redis and Valkey, for an acknowledgement of its offset).
 pub const TAKEOVER_POLL: Duration = Duration::from_millis(10);
 
+/// How long a promotion waits for the candidate to report `role:master`
+/// after `REPLICAOF NO ONE` answered; also how long a re-point sent beside
+/// a Dragonfly promotion is retried while the candidate refuses replicas.
+pub const PROMOTE_ROLE_WAIT: Duration = Duration::from_secs(2);
+
+/// Pause between two tries of a re-point sent beside a promotion.
+const REPOINT_RETRY: Duration = Duration::from_millis(20);
+
 /// What `SCRIPT KILL` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScriptKill {
@@ -216,7 +224,7 @@ impl InstanceOps {
                 )));
             }
         }
-        self.wait_role(addr, Role::Master, Duration::from_secs(2))
+        self.wait_role(addr, Role::Master, PROMOTE_ROLE_WAIT)
             .await
             .map_err(PromoteError::Promotion)?;
         Ok(())
@@ -313,6 +321,32 @@ impl InstanceOps {
         c.call(["REPLICAOF", master.host.as_str(), &port.to_string()])
             .await?;
         Ok(())
+    }
+
+    /// [`InstanceOps::repoint`], tried again every [`REPOINT_RETRY`] for
+    /// `retry_for` while the replica answers with an error (a re-point sent
+    /// beside a Dragonfly promotion that overtook it: the candidate still
+    /// refuses replicas, `ReplConf`'s "Replicating a replica is
+    /// unsupported", which the replica reports as "could not greet master"
+    /// and leaves its replication as it was). A failure to reach the
+    /// replica is not retried.
+    pub async fn repoint_retrying(
+        &self,
+        replica: &Addr,
+        flavour: Flavour,
+        master: &Addr,
+        retry_for: Duration,
+    ) -> Result<(), RespError> {
+        let until = Instant::now() + retry_for;
+        loop {
+            match self.repoint(replica, flavour, master).await {
+                Err(RespError::Server(e)) if Instant::now() + REPOINT_RETRY < until => {
+                    tracing::debug!(%replica, %master, error = %e, "re-point beside the promotion refused; trying again");
+                    tokio::time::sleep(REPOINT_RETRY).await;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// Fence a returning old master: make it a replica of `master`, then

@@ -85,6 +85,9 @@ pub(super) enum Work {
         replica: Addr,
         flavour: Flavour,
         master: Addr,
+        /// How long a refusal is retried (a re-point sent beside a
+        /// Dragonfly promotion may reach the candidate before it is one).
+        retry_for: Duration,
     },
     /// A returning old master (or a stray one) becomes a replica of
     /// `master`, its clients disconnected.
@@ -417,8 +420,11 @@ impl Io {
                 replica,
                 flavour,
                 master,
+                retry_for,
             } => {
-                let r = ops.repoint(&replica, flavour, &master).await;
+                let r = ops
+                    .repoint_retrying(&replica, flavour, &master, retry_for)
+                    .await;
                 match epoch {
                     Some(epoch) => Some(Internal::Failover(
                         epoch,

@@ -23,6 +23,7 @@ impl Group {
     pub(super) fn start_failover(&mut self, now: Instant, ballot: Ballot) {
         tracing::info!(group = %self.cfg.name, epoch = ballot.epoch, candidate = %ballot.candidate, "elected leader; failing over");
         let replicas = self.replica_addrs();
+        let flavour = self.flavour_of(&ballot.candidate);
         let (machine, actions) = Failover::start(
             now,
             ballot.epoch,
@@ -33,6 +34,7 @@ impl Group {
             replicas,
             self.cfg.parallel_syncs,
             self.cfg.failover_timeout,
+            flavour,
         );
         self.failover = Some(Running {
             machine,
@@ -136,18 +138,32 @@ impl Group {
                     let topology = self.topology(Reporter::Leader, self.replaced(old));
                     self.persist_and_publish(topology, true);
                 }
-                Action::Repoint { replica, master } => {
+                Action::Repoint {
+                    replica,
+                    master,
+                    beside_promotion,
+                } => {
                     let flavour = self.flavour_of(&replica);
                     self.emit(
                         EventKind::SlaveReconfSent,
                         &Detail::Replica(replica.clone()),
                     );
                     let master = self.wire(&master);
+                    // Beside the promotion: the candidate refuses replicas
+                    // until its REPLICAOF NO ONE has begun, which this
+                    // re-point may overtake; retried until then, within the
+                    // time the promotion itself is given.
+                    let retry_for = if beside_promotion {
+                        crate::failover::ops::PROMOTE_ROLE_WAIT.min(deadline)
+                    } else {
+                        Duration::ZERO
+                    };
                     self.effects.run(Work::Repoint {
                         epoch: Some(epoch),
                         replica,
                         flavour,
                         master,
+                        retry_for,
                     });
                 }
                 Action::Finished(outcome) => self.finish_failover(outcome),

@@ -146,6 +146,7 @@ impl Group {
                 replica: addr,
                 flavour,
                 master,
+                retry_for: Duration::ZERO,
             });
         }
     }

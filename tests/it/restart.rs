@@ -589,10 +589,28 @@ fn a_dragonfly_master_restarted_empty_never_wipes_its_replicas() {
             "the new master holds {kept} of {KEYS} keys\n{}",
             cluster.logs()
         );
-        // Past the replicas' own resync: nobody dropped its data since.
+        // Past the replicas' own retries: nobody dropped its data since.
         std::thread::sleep(Duration::from_millis(1200));
         for r in replicas.iter().chain([&master]) {
             assert_eq!(r.dbsize(), kept, "{}", r.addr());
+        }
+        // The other replica retries the lost master 0.5 s after the kill,
+        // when the promotion's answer comes too: re-pointed only after
+        // that answer, it would have copied the empty restarted server
+        // first (deliverable 3 of issue 24), even though it ends with the
+        // keys again.
+        for r in &replicas {
+            let from_restarted: Vec<_> = r
+                .full_syncs()
+                .into_iter()
+                .filter(|c| c.from == old && c.at >= killed)
+                .collect();
+            assert!(
+                from_restarted.is_empty(),
+                "restart after {after:?}: {} took a full copy of the restarted server: {from_restarted:?}\n{}",
+                r.addr(),
+                cluster.logs()
+            );
         }
     }
 }
