@@ -978,7 +978,7 @@ impl PicketProcess {
     ) -> PicketProcess {
         let dir = tempfile::Builder::new()
             .prefix("picket-run-")
-            .tempdir()
+            .tempdir_in(run_root())
             .unwrap_or_else(|e| panic!("tempdir: {e}"));
         let config_path = dir.path().join("picket.toml");
         fs::write(&config_path, config(dir.path()))
@@ -1365,6 +1365,25 @@ impl ClusterPlan {
         let cluster = PicketCluster { nodes };
         cluster.wait_ready(READY_TIMEOUT);
         cluster
+    }
+}
+
+/// Where the daemons' directories (config, state file, logs) go: memory
+/// (`/dev/shm`) when there is one. The daemons of a test share one disk,
+/// unlike daemons on their own hosts: under a loaded disk their state
+/// writes (each fsync'd before a vote goes out) finished together, in one
+/// journal commit a second late, and three elections started in the same
+/// millisecond and split. `PICKET_TEST_TMP` chooses another place.
+fn run_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PICKET_TEST_TMP") {
+        return PathBuf::from(dir);
+    }
+    let shm = Path::new("/dev/shm");
+    let writable = shm.is_dir() && fs::metadata(shm).is_ok_and(|m| !m.permissions().readonly());
+    if writable {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
     }
 }
 

@@ -147,6 +147,7 @@ impl Group {
             tilt,
             config_epoch: self.config_epoch,
             replicas: &replicas,
+            rank: self.rank(),
         };
         (f(&mut self.election, &o), tilt)
     }

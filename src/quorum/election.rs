@@ -22,9 +22,9 @@
 //!   goes in any stage and only starts an election from `Watching`.
 //! - **Election** (step 3): a new epoch, persisted before any vote request
 //!   goes out ([`Action::PersistNewEpoch`]); won with a majority of all
-//!   configured daemons and at least `quorum` votes. A random delay before
-//!   starting and a random retry after a split keep the daemons from
-//!   colliding; a loss or a vote for another daemon backs off for
+//!   configured daemons and at least `quorum` votes. A delay by rank
+//!   before starting (a step per daemon ahead, plus a little at random)
+//!   and a random retry after a split keep the daemons from colliding; a loss or a vote for another daemon backs off for
 //!   `failover_timeout` (Sentinel's rule).
 //! - **Selection** (step 4) is asked of the group through [`Replicas`] when
 //!   the election starts and again when it is won, so the replica promoted
@@ -95,9 +95,26 @@ impl Settings {
             .min(self.failover_timeout)
     }
 
-    /// The longest random delay before starting an election.
-    fn start_delay(&self) -> Duration {
-        (self.ping_period / 2).clamp(Duration::from_millis(50), Duration::from_millis(150))
+    /// The step between two daemons' starts by rank: long enough for the
+    /// first one's vote request to reach the next before it starts.
+    fn start_step(&self) -> Duration {
+        (self.ping_period / 4).clamp(Duration::from_millis(25), Duration::from_millis(75))
+    }
+
+    /// The delay before starting an election for the daemon of `rank`
+    /// among those that reach each other: a step per rank, plus a random
+    /// part of half a step (against a tie between daemons that disagree
+    /// on the ranks, in a partition). With a random delay alone, two of
+    /// three daemons started within one round trip of each other about
+    /// once in six failovers on a loaded host, and their vote split.
+    fn start_delay(&self, rank: usize, rng: &mut StdRng) -> Duration {
+        let step = self.start_step();
+        step * u32::try_from(rank).unwrap_or(u32::MAX) + rand_up_to(rng, step / 2)
+    }
+
+    /// A wake-up this long past the start is a stall of the process.
+    fn stall(&self) -> Duration {
+        self.start_step() * 2
     }
 
     /// The spread of the quick retry after a split vote.
@@ -154,6 +171,8 @@ pub enum Stage {
     Delay {
         /// When the election starts (if ODOWN still holds).
         until: Instant,
+        /// The delay was drawn again after a wake-up long past `until`.
+        redrawn: bool,
     },
     /// The new epoch is being persisted; the candidate is chosen.
     Starting {
@@ -245,6 +264,9 @@ pub struct Observation<'a> {
     pub config_epoch: u64,
     /// Its replicas.
     pub replicas: &'a dyn Replicas,
+    /// This daemon's place (0: first) among the daemons that reach each
+    /// other, ordered alike by all of them (by address).
+    pub rank: usize,
 }
 
 /// The ODOWN detector and election of one group.
@@ -327,7 +349,7 @@ impl Election {
     /// to a tick, every daemon's delay ended on the same tick).
     pub fn deadline(&self) -> Option<Instant> {
         match self.stage {
-            Stage::Delay { until } => Some(until),
+            Stage::Delay { until, .. } => Some(until),
             _ => None,
         }
     }
@@ -673,19 +695,37 @@ impl Election {
                     return;
                 }
                 match self.stage {
-                    Stage::Delay { until } if o.now >= until => {
+                    // Woken long after the delay ended: the process stalled
+                    // (an overloaded host, a pause), and every daemon of
+                    // that host woke with it; starting now would start them
+                    // together and split the vote. Draw the delay again,
+                    // once.
+                    Stage::Delay {
+                        until,
+                        redrawn: false,
+                    } if o.now.saturating_duration_since(until) > self.settings.stall() => {
+                        self.draw_delay(o, true, out);
+                    }
+                    Stage::Delay { until, .. } if o.now >= until => {
                         out.extend(self.start(o, Kind::Unplanned, None));
                     }
                     Stage::Delay { .. } => {}
-                    _ => {
-                        let d = rand_up_to(&mut self.rng, self.settings.start_delay());
-                        self.stage = Stage::Delay { until: o.now + d };
-                        if d.is_zero() {
-                            out.extend(self.start(o, Kind::Unplanned, None));
-                        }
-                    }
+                    _ => self.draw_delay(o, false, out),
                 }
             }
+        }
+    }
+
+    /// Wait a random part of the start delay before starting (at once
+    /// when it draws zero).
+    fn draw_delay(&mut self, o: &Observation<'_>, redrawn: bool, out: &mut Vec<Action>) {
+        let d = self.settings.start_delay(o.rank, &mut self.rng);
+        self.stage = Stage::Delay {
+            until: o.now + d,
+            redrawn,
+        };
+        if d.is_zero() {
+            out.extend(self.start(o, Kind::Unplanned, None));
         }
     }
 

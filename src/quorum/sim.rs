@@ -262,6 +262,7 @@ impl Sim {
             tilt: false,
             config_epoch: n.config_epoch,
             replicas: &replica,
+            rank: i,
         };
         f(&mut n.machine, &o)
     }

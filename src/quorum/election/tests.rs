@@ -48,6 +48,8 @@ fn obs<'a>(sdown: bool, r: &'a Fixed) -> Observation<'a> {
         tilt: false,
         config_epoch: 1,
         replicas: r,
+        // Second: a delay of one step and a random part before starting.
+        rank: 1,
     }
 }
 
@@ -206,6 +208,39 @@ async fn a_random_delay_then_an_election_won_with_a_majority() {
     assert_eq!(e.intended(1), None);
     e.on_failover_end(Instant::now(), true);
     assert_eq!(e.stage(), &Stage::Watching);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_up_long_after_the_delay_draws_it_again_once() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = odown_machine(&r);
+    assert!(!has(&e.tick(&obs(true, &r)), |x| *x == Action::PersistNewEpoch));
+    let Some(until) = e.deadline() else {
+        panic!("a delay: {:?}", e.stage());
+    };
+    // A stall: the task wakes 400 ms after the delay ended (the peer's
+    // answer is still fresh).
+    advance(until.saturating_duration_since(Instant::now()) + Duration::from_millis(400)).await;
+    let acts = e.tick(&obs(true, &r));
+    let redrawn = matches!(e.stage(), Stage::Delay { redrawn: true, .. });
+    assert!(
+        redrawn || has(&acts, |x| *x == Action::PersistNewEpoch),
+        "a new delay, or a start if it drew zero: {:?}",
+        e.stage()
+    );
+    // Another stall does not delay it again.
+    advance(Duration::from_millis(400)).await;
+    let acts = e.tick(&obs(true, &r));
+    assert!(
+        has(&acts, |x| *x == Action::PersistNewEpoch) || redrawn && e.busy(),
+        "{:?}",
+        e.stage()
+    );
+    assert!(
+        matches!(e.stage(), Stage::Starting { .. }),
+        "{:?}",
+        e.stage()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -430,4 +465,18 @@ async fn an_epoch_superseded_by_a_vote_backs_off() {
         e.on_epoch_superseded(Instant::now()),
         vec![Action::Switchover(Err(FailoverError::AnotherLeader))]
     );
+}
+
+#[test]
+fn the_start_delays_of_ranks_never_overlap() {
+    let s = settings(3, 2);
+    let step = s.start_step();
+    for seed in 0..200 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let d: Vec<Duration> = (0..3).map(|rank| s.start_delay(rank, &mut rng)).collect();
+        for (rank, d) in d.iter().enumerate() {
+            let from = step * rank as u32;
+            assert!(*d >= from && *d <= from + step / 2, "rank {rank}: {d:?}");
+        }
+    }
 }
