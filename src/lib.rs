@@ -29,6 +29,7 @@ mod hello;
 mod http;
 pub mod import;
 mod metrics;
+mod mutation;
 pub mod probe;
 pub mod quorum;
 pub mod reload;

@@ -209,7 +209,7 @@ impl Failover {
             .filter(|r| *r != candidate && *r != old_master)
             .collect();
         let flush = flush_on_failover && kind == Kind::Unplanned;
-        let f = Failover {
+        let mut f = Failover {
             epoch,
             kind,
             flush,
@@ -227,9 +227,15 @@ impl Failover {
             reconf_timeout: failover_timeout.min(Duration::from_secs(10)),
             reconf_deadline: None,
         };
+        let step = if crate::mutation::planted(crate::mutation::Mutation::SkipFence) {
+            f.phase = Phase::Promoting;
+            f.promote_action()
+        } else {
+            Action::Fence { old_master }
+        };
         let actions = vec![
             Action::Event(EventKind::SelectedSlave, Detail::Replica(candidate.clone())),
-            Action::Fence { old_master },
+            step,
         ];
         (f, actions)
     }
@@ -342,6 +348,17 @@ impl Failover {
             return Vec::new();
         }
         match (self.phase, input) {
+            (Phase::Fencing, Input::Fenced(Ok(())))
+                if crate::mutation::planted(crate::mutation::Mutation::PublishBeforePromotion) =>
+            {
+                self.phase = Phase::Publishing;
+                vec![
+                    self.promote_action(),
+                    Action::Publish {
+                        master: self.candidate.clone(),
+                    },
+                ]
+            }
             (Phase::Fencing, Input::Fenced(Ok(()))) => {
                 self.phase = Phase::Promoting;
                 let mut out = vec![

@@ -146,6 +146,11 @@ fn rank(a: &Candidate, b: &Candidate) -> Ordering {
         .cmp(&promoted(a))
         .then_with(|| a.priority.unwrap_or(100).cmp(&b.priority.unwrap_or(100)))
         .then_with(|| match (a.offset, b.offset) {
+            (Some(x), Some(y))
+                if crate::mutation::planted(crate::mutation::Mutation::PromoteLaggingReplica) =>
+            {
+                x.cmp(&y)
+            }
             (Some(x), Some(y)) => y.cmp(&x),
             (Some(_), None) => Ordering::Less,
             (None, Some(_)) => Ordering::Greater,

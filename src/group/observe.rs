@@ -793,7 +793,10 @@ impl Group {
                 (i.role == Role::Replica).then(|| reboot::Holding::of(r.addr.to_string(), i))
             })
             .collect();
-        let verdict = reboot::judge(info, &holdings);
+        let mut verdict = reboot::judge(info, &holdings);
+        if crate::mutation::planted(crate::mutation::Mutation::KeepRebootedMaster) {
+            verdict = reboot::Verdict::Keeps;
+        }
         let flavour = info.flavour;
         let (keys, replid) = (info.keys, info.replid.clone());
         let Some(inst) = self.instances.get_mut(addr) else {

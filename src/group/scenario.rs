@@ -59,6 +59,8 @@ struct Server {
     /// A replica whose master has another history asks it for a full copy
     /// at its next replication cron (Redis: once a second): then.
     full_sync_at: Option<u64>,
+    /// How often it copies its master's new writes (ms).
+    lag_ms: u64,
 }
 
 /// The servers of one group.
@@ -154,7 +156,11 @@ impl Servers {
                 continue;
             };
             if s.replid == *replid {
-                s.offset = *offset;
+                // Links of different speeds: every replica but the last
+                // copies its master every 300 ms, the last every 100 ms.
+                if s.lag_ms <= 100 || ms.is_multiple_of(s.lag_ms) {
+                    s.offset = *offset;
+                }
                 s.full_sync_at = None;
                 continue;
             }
@@ -212,18 +218,32 @@ struct Sim {
     cut_daemons: HashSet<(usize, usize)>,
     /// The master published at each config epoch, by any daemon.
     published: BTreeMap<u64, Addr>,
+    /// When each server was last published as the master (virtual ms).
+    published_ms: BTreeMap<Addr, u64>,
+    /// When each server last came back with less than it had, and the
+    /// servers alive then (the replicas invariant 19 speaks of: one that
+    /// was down too and comes back later is made a replica of the current
+    /// master, as under Sentinel; docs/reliability.md says so).
+    emptied_ms: BTreeMap<Addr, (u64, Vec<Addr>)>,
     /// The last epoch each daemon published.
     last_published: Vec<u64>,
     /// Whom each daemon told it voted for, per epoch.
     votes: BTreeMap<(usize, u64), String>,
     /// Failover epochs whose fence was asked for, per daemon.
     fenced: HashSet<(usize, u64)>,
+    /// Failover epochs whose promotion was confirmed to the daemon.
+    promoted: HashSet<(usize, u64)>,
+    /// Failover epochs whose leader was checked for its votes.
+    led: HashSet<(usize, u64)>,
+    /// A daemon that has just voted is killed and restarted from its
+    /// state file (as `kill -9` and a supervisor would), half the time.
+    crash_after_vote: bool,
     violations: Vec<String>,
 }
 
 impl Sim {
     fn new(n: usize, quorum: usize, seed: u64) -> Sim {
-        let server = |port: u16, master: Option<u16>, priority: u32| Server {
+        let server = |port: u16, master: Option<u16>, priority: u32, lag_ms: u64| Server {
             addr: addr(port),
             alive: true,
             master: master.map(addr),
@@ -233,13 +253,14 @@ impl Sim {
             priority,
             paused_until: 0,
             full_sync_at: None,
+            lag_ms,
         };
         let mut sim = Sim {
             daemons: Vec::new(),
             servers: Servers(vec![
-                server(7000, None, 100),
-                server(7001, Some(7000), 10),
-                server(7002, Some(7000), 100),
+                server(7000, None, 100, 100),
+                server(7001, Some(7000), 10, 300),
+                server(7002, Some(7000), 100, 100),
             ]),
             quorum,
             seed,
@@ -250,9 +271,14 @@ impl Sim {
             cut_server: HashSet::new(),
             cut_daemons: HashSet::new(),
             published: BTreeMap::new(),
+            published_ms: BTreeMap::new(),
+            emptied_ms: BTreeMap::new(),
             last_published: vec![0; n],
             votes: BTreeMap::new(),
             fenced: HashSet::new(),
+            promoted: HashSet::new(),
+            led: HashSet::new(),
+            crash_after_vote: false,
             violations: Vec::new(),
         };
         for i in 0..n {
@@ -373,9 +399,38 @@ impl Sim {
             if work.is_empty() {
                 return;
             }
+            for w in &work {
+                // Invariant 4: the leader publishes only once its
+                // promotion was confirmed to it.
+                if let Work::PersistAndPublish {
+                    topology,
+                    machine: true,
+                    ..
+                } = w
+                    && !self.promoted.contains(&(i, topology.epoch))
+                {
+                    self.violations.push(format!(
+                        "{} ms: daemon {i} published {} at epoch {} before its promotion was confirmed",
+                        self.ms, topology.master, topology.epoch
+                    ));
+                }
+            }
             for w in work {
                 if let Some(result) = self.carry_out(i, w).await {
+                    if let Internal::Failover(epoch, Input::Promoted(Ok(()))) = &result {
+                        self.promoted.insert((i, *epoch));
+                    }
+                    let voted = matches!(result, Internal::Voted { .. });
                     Box::pin(self.wake(i, Woken::Internal(Box::new(result)))).await;
+                    if voted && self.crash_after_vote && self.rng.random_bool(0.5) {
+                        self.note(
+                            self.daemons.len(),
+                            format!("fault: crash daemon {i} after its vote"),
+                        );
+                        self.crash(i);
+                        self.restart(i);
+                        return;
+                    }
                 }
             }
         }
@@ -452,6 +507,7 @@ impl Sim {
             }
             Work::Fence { epoch, fence, .. } => {
                 self.note(i, format!("fence {} at {epoch}", fence.old_master));
+                self.check_leader(i, epoch);
                 self.fenced.insert((i, epoch));
                 Some(Internal::Failover(epoch, Input::Fenced(Ok(()))))
             }
@@ -459,6 +515,8 @@ impl Sim {
                 epoch, candidate, ..
             } => {
                 self.note(i, format!("promote {candidate} at {epoch}"));
+                self.check_leader(i, epoch);
+                self.check_candidate(i, &candidate);
                 if !self.fenced.contains(&(i, epoch)) {
                     self.violations.push(format!(
                         "{} ms: daemon {i} promoted {candidate} at epoch {epoch} before fencing",
@@ -570,9 +628,32 @@ impl Sim {
         !self.cut_server.contains(&(i, a.clone())) && self.servers.get(a).is_some_and(|s| s.alive)
     }
 
+    /// `a` came back with less than it had, now. Invariant 19 holds only
+    /// where a daemon sees it come back: with every daemon down or cut off
+    /// from it, nothing stops its replicas from copying it.
+    fn mark_emptied(&mut self, a: &Addr) {
+        let watched = (0..self.daemons.len())
+            .any(|i| self.daemons[i].up && !self.cut_server.contains(&(i, a.clone())));
+        if !watched {
+            self.emptied_ms.remove(a);
+            return;
+        }
+        let alive = self
+            .servers
+            .0
+            .iter()
+            .filter(|s| s.alive && s.addr != *a)
+            .map(|s| s.addr.clone())
+            .collect();
+        self.emptied_ms.insert(a.clone(), (self.ms, alive));
+    }
+
     /// Invariant 3 and one master per epoch, at every publication.
     fn publish(&mut self, i: usize, epoch: u64, master: &Addr, how: &str) {
         self.note(i, format!("{how} {master} at {epoch}"));
+        if how == "publish" {
+            self.published_ms.insert(master.clone(), self.ms);
+        }
         match self.published.get(&epoch) {
             Some(m) if m != master => self.violations.push(format!(
                 "{} ms: daemon {i} published {master} at epoch {epoch}, already {m}",
@@ -589,6 +670,69 @@ impl Sim {
             ));
         }
         self.last_published[i] = self.last_published[i].max(epoch);
+    }
+
+    /// Invariant 2: a daemon acts in a failover epoch only with the votes
+    /// of a majority of all daemons and of `quorum` daemons in it (its own
+    /// from its state file, the others' from their answers).
+    fn check_leader(&mut self, i: usize, epoch: u64) {
+        if !self.led.insert((i, epoch)) {
+            return;
+        }
+        let me = self.daemons[i].ctx.id.clone();
+        let rec = self.daemons[i].ctx.state.group("g");
+        let own = usize::from(rec.vote_epoch == epoch && rec.voted_for.as_deref() == Some(&me));
+        let others = self
+            .votes
+            .iter()
+            .filter(|((voter, e), leader)| *voter != i && *e == epoch && **leader == me)
+            .count();
+        let n = self.daemons.len();
+        let votes = own + others;
+        if votes < n / 2 + 1 || votes < self.quorum {
+            self.violations.push(format!(
+                "{} ms: daemon {i} acts in epoch {epoch} with {votes} votes of {n}",
+                self.ms
+            ));
+        }
+    }
+
+    /// The candidate is not behind, in the leader's last INFO, a live
+    /// replica of the same priority and history (selection prefers the
+    /// higher offset).
+    fn check_candidate(&mut self, i: usize, candidate: &Addr) {
+        let g = &self.daemons[i].g;
+        let seen = |a: &Addr| {
+            g.instances
+                .get(a)
+                .and_then(|x| x.info.as_ref())
+                .map(|x| (x.priority, x.replica_offset))
+        };
+        let Some((priority, Some(offset))) = seen(candidate) else {
+            return;
+        };
+        let ahead: Vec<String> = self
+            .servers
+            .0
+            .iter()
+            .filter(|s| s.addr != *candidate && s.alive && s.master.is_some())
+            .filter(|s| {
+                self.servers
+                    .get(candidate)
+                    .is_some_and(|c| c.replid == s.replid)
+            })
+            .filter(|s| !self.cut_server.contains(&(i, s.addr.clone())))
+            .filter_map(|s| {
+                let (p, o) = seen(&s.addr)?;
+                (p == priority && o.is_some_and(|o| o > offset)).then(|| s.addr.to_string())
+            })
+            .collect();
+        if !ahead.is_empty() {
+            self.violations.push(format!(
+                "{} ms: daemon {i} promoted {candidate} (offset {offset}) behind {ahead:?}",
+                self.ms
+            ));
+        }
     }
 
     /// Invariant 1: one vote per daemon and epoch, also across restarts.
@@ -616,15 +760,18 @@ impl Sim {
             if self.ms.is_multiple_of(100) {
                 // Invariant 19 (C8): a server that came back with less is
                 // never the sync source of replicas holding more until the
-                // quorum has decided (a copy from the master the newest
-                // epoch published is that decision: losses to it are the
-                // price of a failover to the only server left).
-                let decided = self.published.last_key_value().map(|(_, m)| m.clone());
+                // quorum has decided (a publication of it as the master
+                // after it came back is that decision: losses to it are
+                // the price of a failover to the only server left).
                 for (r, from, had, got) in self.servers.replicate(self.ms) {
-                    if Some(&from) != decided.as_ref() {
+                    let Some((emptied, alive)) = self.emptied_ms.get(&from) else {
+                        continue;
+                    };
+                    let decided = self.published_ms.get(&from).is_some_and(|t| t > emptied);
+                    if !decided && alive.contains(&r) {
                         self.violations.push(format!(
                             "{} ms: invariant 19: {r} took a full copy of {got} from {from}, \
-                             not the published master, losing {had}",
+                             which came back with less and was not published since, losing {had}",
                             self.ms
                         ));
                     }
@@ -719,14 +866,23 @@ impl Sim {
         self.daemons[i].up = false;
     }
 
-    /// Start daemon `i` again from its state file.
+    /// Start daemon `i` again from its state file. Invariant 1 across
+    /// restarts: the vote it had cast is still on record.
     fn restart(&mut self, i: usize) {
         let n = self.daemons.len();
+        let before = self.daemons[i].ctx.state.group("g");
         let dir = std::mem::replace(
             &mut self.daemons[i].dir,
             tempfile::tempdir().expect("a temporary directory"),
         );
         self.daemons[i] = self.start_daemon(i, n, dir);
+        let after = self.daemons[i].ctx.state.group("g");
+        if (after.vote_epoch, &after.voted_for) < (before.vote_epoch, &before.voted_for) {
+            self.violations.push(format!(
+                "{} ms: daemon {i} voted for {:?} in epoch {}, and after its restart for {:?} in {}",
+                self.ms, before.voted_for, before.vote_epoch, after.voted_for, after.vote_epoch
+            ));
+        }
     }
 
     /// The position in the trace of the first entry starting with `what`
@@ -750,9 +906,33 @@ impl Sim {
     /// crashed and restarted from their state file. Ends healed, with
     /// every server and daemon up, and checks that the group settles.
     async fn chaos(&mut self, secs: u64) {
+        self.crash_after_vote = self.rng.random_bool(0.5);
         for _ in 0..secs {
             let n = self.daemons.len();
-            match self.rng.random_range(0..8u32) {
+            match self.rng.random_range(0..9u32) {
+                8 => {
+                    // The master killed and restarted empty 20-150 ms
+                    // later, before the refusals make it down (a
+                    // supervisor's restart, an OOM kill in place).
+                    if let Some(m) = self
+                        .daemons
+                        .iter()
+                        .find(|d| d.up)
+                        .map(|d| d.g.master.clone())
+                        && self.servers.get(&m).is_some_and(|s| s.alive)
+                    {
+                        self.servers.get_mut(&m).alive = false;
+                        let down = self.rng.random_range(20..150);
+                        self.run_for(down).await;
+                        let s = self.servers.get_mut(&m);
+                        s.alive = true;
+                        s.offset = 0;
+                        s.run_id = format!("{:040}", self.ms);
+                        s.replid = format!("{:040}", self.ms + 1);
+                        self.mark_emptied(&m);
+                        self.note(n, format!("fault: bounce {m} empty after {down} ms"));
+                    }
+                }
                 0 | 1 => {
                     // Kill the server the first up daemon calls master.
                     if let Some(m) = self
@@ -777,6 +957,9 @@ impl Sim {
                             s.replid = format!("{:040}", self.ms + 1);
                         }
                         let a = s.addr.clone();
+                        if empty {
+                            self.mark_emptied(&a);
+                        }
                         self.note(n, format!("fault: restart {a} empty={empty}"));
                     }
                 }
@@ -1003,8 +1186,12 @@ async fn seeded_faults_keep_every_invariant() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(1);
+    let daemons: usize = std::env::var("PICKET_SIM_DAEMONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
     for seed in base..base + seeds {
-        let mut sim = Sim::new(3, 2, seed);
+        let mut sim = Sim::new(daemons, daemons / 2 + 1, seed);
         sim.run_for(2_000).await;
         sim.chaos(20).await;
         if !sim.violations.is_empty() {
@@ -1062,4 +1249,46 @@ async fn an_old_master_down_while_every_daemon_restarted_is_demoted_when_it_retu
         Some(addr(7001))
     );
     sim.assert_no_violation();
+}
+
+/// The mutation check: each known bug, planted in the decisions, is caught
+/// by the invariants within a budget of seeds (`cargo test --lib
+/// group::scenario::every_planted -- --nocapture` prints how fast).
+#[tokio::test]
+async fn every_planted_bug_is_caught_by_the_simulation() {
+    use crate::mutation::{Mutation, plant};
+    const BUDGET: u64 = 40;
+    for m in [
+        Mutation::CountOldEpochVotes,
+        Mutation::SkipFence,
+        Mutation::PublishBeforePromotion,
+        Mutation::ForgetVote,
+        Mutation::PromoteLaggingReplica,
+        Mutation::KeepRebootedMaster,
+    ] {
+        plant(Some(m));
+        let start = std::time::Instant::now();
+        let mut caught = None;
+        for seed in 1..=BUDGET {
+            // Five daemons: split votes, whose old votes a bug could count,
+            // need more than three.
+            let mut sim = Sim::new(5, 3, seed);
+            // Equal priorities: selection then goes by offset.
+            sim.servers.get_mut(&addr(7001)).priority = 100;
+            sim.run_for(2_000).await;
+            sim.chaos(20).await;
+            if let Some(v) = sim.violations.first() {
+                caught = Some((seed, v.clone()));
+                break;
+            }
+        }
+        plant(None);
+        let Some((seed, v)) = caught else {
+            panic!("{m:?} was not caught within {BUDGET} seeds");
+        };
+        println!(
+            "{m:?}: caught at seed {seed} in {:.2} s: {v}",
+            start.elapsed().as_secs_f64()
+        );
+    }
 }

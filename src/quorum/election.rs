@@ -629,7 +629,13 @@ impl Election {
             .peers
             .iter()
             .filter(|p| {
-                p.leader_epoch == epoch && p.leader.as_deref() == Some(self.settings.id.as_str())
+                let in_epoch =
+                    if crate::mutation::planted(crate::mutation::Mutation::CountOldEpochVotes) {
+                        p.leader_epoch <= epoch
+                    } else {
+                        p.leader_epoch == epoch
+                    };
+                in_epoch && p.leader.as_deref() == Some(self.settings.id.as_str())
             })
             .count()
     }

@@ -233,6 +233,12 @@ impl StateStore {
                     });
                 }
                 let mut state = state;
+                if crate::mutation::planted(crate::mutation::Mutation::ForgetVote) {
+                    for g in state.groups.values_mut() {
+                        g.vote_epoch = 0;
+                        g.voted_for = None;
+                    }
+                }
                 let needs_run_id = !is_run_id(&state.run_id);
                 if needs_run_id {
                     state.run_id = new_run_id();
