@@ -752,7 +752,7 @@ pub fn watch_error(e: &watcher::Error, url: &str) -> ClientError {
 pub fn watch_store<K>(
     api: Api<K>,
     config: watcher::Config,
-    backoff: WatchBackoff,
+    backoff: watcher::ExponentialBackoff,
 ) -> (Store<K>, BoxStream<'static, Result<(), watcher::Error>>)
 where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -773,40 +773,15 @@ where
 }
 
 /// The backoff of kube-runtime's watcher after a failed list or watch:
-/// from `first`, doubled up to `max`, jittered; back to `first` after
-/// any event.
-#[derive(Debug, Clone)]
-pub struct WatchBackoff {
-    first: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl WatchBackoff {
-    /// A backoff from `first` to `max`.
-    pub fn new(first: Duration, max: Duration) -> Self {
-        WatchBackoff {
-            first,
-            max,
-            next: first,
-        }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let d = self.next;
-        self.next = (d * 2).min(self.max);
-        Some(jitter(d))
-    }
-}
-
-impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = self.first;
-    }
+/// from `first`, doubled up to `max`, jittered (up to twice as long);
+/// back to `first` after any event.
+pub fn watch_backoff(first: Duration, max: Duration) -> watcher::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(first)
+        .with_max_delay(max)
+        .with_jitter()
+        .without_max_times()
+        .into()
 }
 
 /// Between half and all of `d`, so that daemons retrying together spread out.
