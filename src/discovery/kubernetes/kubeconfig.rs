@@ -2,9 +2,9 @@
 //!
 //! kube-rs reads the kubeconfig (`Kubeconfig::read_from`, relative paths
 //! made absolute, the context resolved by `Config::from_custom_kubeconfig`)
-//! or the pod's service account (`Config::incluster`), and its client
-//! re-reads token files (at least once a minute). picket adds what kube-rs
-//! does not do safely for a daemon:
+//! or the pod's service account (`Config::incluster`). picket adds what
+//! kube-rs does not do safely for a daemon (and `client.rs` reads token
+//! files, trimmed):
 //!
 //! - refusals at start-up of what would fail later or hang: an
 //!   `auth-provider` (kube-rs runs the gcp one's command without a
