@@ -4,14 +4,13 @@
 //! objects, which are then read here), the pod and EndpointSlice fields it
 //! reads (a pod as a group member), exec
 //! credential plugin output (`ExecCredential` JSON) and kubeconfig YAML
-//! (serde-saphyr). None of it may panic.
+//! (kube-rs's reader, then picket's checks). None of it may panic.
 //!
 //! Input: the same bytes are read as each of those (JSON is also YAML),
 //! and as the `expirationTimestamp` of an otherwise valid ExecCredential.
 #![no_main]
 
 use std::path::Path;
-use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use picket::addr::Addr;
@@ -23,19 +22,12 @@ use picket::discovery::kubernetes::client::decode_error_body;
 use picket::discovery::kubernetes::members::member_of;
 use picket::discovery::kubernetes::endpointslice::{normalized_endpoints, normalized_ports};
 use picket::discovery::kubernetes::kubeconfig::{ClusterConfig, decode_exec_credential};
+use kube::config::Kubeconfig;
 use picket::discovery::kubernetes::podlabels::pod_name_of;
 use picket::discovery::kubernetes::{
     check_epoch, label, object_name, resource_version, stored_epoch,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-/// An empty directory: file paths in a fuzzed kubeconfig resolve there, so
-/// they name nothing (absolute paths are still read, as picket would).
-fn empty_dir() -> &'static Path {
-    static D: OnceLock<tempfile::TempDir> = OnceLock::new();
-    D.get_or_init(|| tempfile::tempdir().expect("tempdir"))
-        .path()
-}
 
 fn meta(m: &ObjectMeta) {
     let _ = stored_epoch(m);
@@ -102,14 +94,15 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 
-    // A kubeconfig.
-    match ClusterConfig::from_kubeconfig_str(&text, Path::new("fuzz.kubeconfig"), empty_dir(), None)
-    {
-        Ok(c) => {
-            let _ = format!("{c:?}");
-        }
-        Err(e) => {
-            let _ = e.to_string();
+    // A kubeconfig (file paths in it name nothing, or are read as picket would).
+    if let Ok(k) = Kubeconfig::from_yaml(&text) {
+        match ClusterConfig::from_parsed(k, Path::new("fuzz.kubeconfig"), None) {
+            Ok(c) => {
+                let _ = format!("{c:?}");
+            }
+            Err(e) => {
+                let _ = e.to_string();
+            }
         }
     }
 });

@@ -9,15 +9,14 @@
 //!   `a notin (x)`, `a`, `!a`), get, patch, delete, and watch (`?watch=1`,
 //!   see below);
 //! - `discovery.k8s.io/v1` EndpointSlices: list, get, create (409
-//!   `AlreadyExists`), replace (PUT), patch;
-//! - patches: merge (`application/merge-patch+json`; strategic merge is
-//!   treated as a merge, which is the same for the maps and atomic lists
-//!   picket writes) and JSON patch (`application/json-patch+json`, a failed
-//!   `test` gives 422 `Invalid`);
+//!   `AlreadyExists`), patch;
+//! - patches: merge (`application/merge-patch+json`), the only kind
+//!   picket sends (another media type is 415, as the real server answers
+//!   one it does not know; picket sends no PUT or JSON patch);
 //! - a resourceVersion bumped on every write (one revision for the whole
 //!   store, as etcd's); every write is an event in a bounded log (the last
 //!   [`EVENT_LOG_LEN`]), which watches are served from; a stale
-//!   `metadata.resourceVersion` in a PUT or patch body gives 409 `Conflict`;
+//!   `metadata.resourceVersion` in a patch body gives 409 `Conflict`;
 //!   `addressType` of a slice is immutable (422);
 //! - EndpointSlice validation as the real API server's: an address of an
 //!   IPv4/IPv6 slice that is of the other family, a host name, loopback,
@@ -620,7 +619,7 @@ impl FakeKube {
         self.st().throttle_next = vec![secs; n];
     }
 
-    /// Before each of the next `n` PATCH/PUT requests to an existing object,
+    /// Before each of the next `n` PATCH requests to an existing object,
     /// act as another writer: touch the object (new resourceVersion).
     pub fn conflict_next_writes(&self, n: usize) {
         self.st().conflict_next_writes = n;
@@ -1305,7 +1304,6 @@ fn rbac_attributes(
         "GET" if collection => "list",
         "GET" => "get",
         "POST" => "create",
-        "PUT" => "update",
         "PATCH" => "patch",
         "DELETE" => "delete",
         _ => "",
@@ -1516,7 +1514,7 @@ fn route(
             let obj = st.commit(kind, ns, &name, Some(obj)).unwrap();
             respond(201, &obj)
         }
-        ("PUT", Some(name)) | ("PATCH", Some(name)) => {
+        ("PATCH", Some(name)) => {
             if !st.objects.contains_key(&key(name)) {
                 return not_found(name);
             }
@@ -1532,36 +1530,18 @@ fn route(
             let Ok(input) = serde_json::from_str::<Value>(body) else {
                 return status(400, "BadRequest", "the request body is not JSON");
             };
-            let mut updated = if method == "PUT" {
-                input
-            } else {
-                let ct = content_type
-                    .unwrap_or("")
-                    .split(';')
-                    .next()
-                    .unwrap_or("")
-                    .trim();
-                match ct {
-                    "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
-                        let mut o = current.clone();
-                        merge_patch(&mut o, &input);
-                        o
-                    }
-                    "application/json-patch+json" => match json_patch(&current, &input) {
-                        Ok(o) => o,
-                        Err(m) => return status(422, "Invalid", &m),
-                    },
-                    other => {
-                        return status(
-                            415,
-                            "UnsupportedMediaType",
-                            &format!(
-                                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {other:?})"
-                            ),
-                        );
-                    }
-                }
-            };
+            let ct = content_type.unwrap_or("").split(';').next().unwrap_or("");
+            if ct.trim() != "application/merge-patch+json" {
+                return status(
+                    415,
+                    "UnsupportedMediaType",
+                    &format!(
+                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {ct:?})"
+                    ),
+                );
+            }
+            let mut updated = current.clone();
+            merge_patch(&mut updated, &input);
             // The precondition: a resourceVersion in the result that is not
             // the stored one means the writer saw an older object.
             let cur_rv = current["metadata"]["resourceVersion"].clone();
@@ -1888,94 +1868,6 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-fn pointer_tokens(path: &str) -> Result<Vec<String>, String> {
-    if path.is_empty() {
-        return Ok(vec![]);
-    }
-    let rest = path
-        .strip_prefix('/')
-        .ok_or_else(|| format!("invalid JSON pointer {path:?}"))?;
-    Ok(rest
-        .split('/')
-        .map(|t| t.replace("~1", "/").replace("~0", "~"))
-        .collect())
-}
-
-/// RFC 6902 `add`, `remove`, `replace`, `test` (what picket or a test may send).
-pub fn json_patch(doc: &Value, ops: &Value) -> Result<Value, String> {
-    let mut doc = doc.clone();
-    let ops = ops.as_array().ok_or("a JSON patch must be a list")?;
-    for op in ops {
-        let kind = op["op"].as_str().ok_or("op without \"op\"")?;
-        let path = op["path"].as_str().ok_or("op without \"path\"")?;
-        let toks = pointer_tokens(path)?;
-        match kind {
-            "test" => {
-                let found = doc.pointer(path);
-                if found != Some(&op["value"]) {
-                    return Err(format!(
-                        "the server rejected our request due to an error in our request: \
-                         testing value {path} failed"
-                    ));
-                }
-            }
-            "add" | "replace" | "remove" => {
-                let (last, parent_toks) = toks.split_last().ok_or("cannot patch the root")?;
-                let mut parent = &mut doc;
-                for t in parent_toks {
-                    parent = match parent {
-                        Value::Object(m) => m.get_mut(t),
-                        Value::Array(a) => t.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
-                        _ => None,
-                    }
-                    .ok_or_else(|| {
-                        format!("{kind} operation does not apply: doc is missing path: {path}")
-                    })?;
-                }
-                match parent {
-                    Value::Object(m) => {
-                        match kind {
-                            "add" => {
-                                m.insert(last.clone(), op["value"].clone());
-                            }
-                            "replace" => {
-                                let slot = m.get_mut(last).ok_or_else(|| {
-                                format!("replace operation does not apply: doc is missing key: {path}")
-                            })?;
-                                *slot = op["value"].clone();
-                            }
-                            _ => {
-                                m.remove(last).ok_or_else(|| {
-                                format!("remove operation does not apply: doc is missing key: {path}")
-                            })?;
-                            }
-                        }
-                    }
-                    Value::Array(a) => {
-                        let idx = if last == "-" {
-                            a.len()
-                        } else {
-                            last.parse::<usize>()
-                                .map_err(|_| format!("bad index in {path}"))?
-                        };
-                        match kind {
-                            "add" if idx <= a.len() => a.insert(idx, op["value"].clone()),
-                            "replace" if idx < a.len() => a[idx] = op["value"].clone(),
-                            "remove" if idx < a.len() => {
-                                a.remove(idx);
-                            }
-                            _ => return Err(format!("index out of range in {path}")),
-                        }
-                    }
-                    _ => return Err(format!("{kind} operation does not apply: {path}")),
-                }
-            }
-            other => return Err(format!("unsupported op {other:?}")),
-        }
-    }
-    Ok(doc)
-}
-
 // ---- label selectors ----
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -2172,22 +2064,6 @@ mod selector_tests {
             doc,
             json!({"metadata":{"labels":{"b":"2","c":"3"}},"list":[9]})
         );
-        let ok = json_patch(
-            &doc,
-            &json!([{"op":"test","path":"/metadata/labels/b","value":"2"},
-                    {"op":"add","path":"/metadata/labels/x~1y","value":"4"},
-                    {"op":"remove","path":"/metadata/labels/c"}]),
-        )
-        .unwrap();
-        assert_eq!(ok["metadata"]["labels"], json!({"b":"2","x/y":"4"}));
-        assert!(
-            json_patch(
-                &doc,
-                &json!([{"op":"test","path":"/metadata/labels/b","value":"9"}])
-            )
-            .is_err()
-        );
-        assert!(json_patch(&doc, &json!([{"op":"replace","path":"/nope/x","value":1}])).is_err());
     }
 
     #[test]

@@ -15,7 +15,7 @@ use picket::addr::Addr;
 use picket::config::{KubernetesConfig, KubernetesMode};
 use picket::discovery::kubernetes::client::{KubeClient, RetryPolicy};
 use picket::discovery::kubernetes::gate::GateResult;
-use picket::discovery::kubernetes::kubeconfig::{ClusterConfig, InClusterSource};
+use picket::discovery::kubernetes::kubeconfig::ClusterConfig;
 use picket::discovery::kubernetes::{EPOCH_ANNOTATION, KubernetesBackend};
 use picket::discovery::{Backend, DiscoveryError, Fence, Reporter, Topology};
 use serde_json::{Value, json};
@@ -1019,32 +1019,6 @@ async fn client_api_semantics() {
     let e = slices.create(&body).await.unwrap_err();
     assert!(e.is_already_exists() && !e.is_conflict(), "{e}");
     assert_eq!(slices.list(None).await.unwrap().len(), 1);
-
-    // The fake's JSON patch (which picket does not send) as the real
-    // API's: a failing `test` is 422 Invalid.
-    let path = format!("/api/v1/namespaces/{NS}/pods/cache-0");
-    let (code, _) = raw(
-        &fake,
-        reqwest::Method::PATCH,
-        &path,
-        "application/json-patch+json",
-        &json!([{"op": "test", "path": "/metadata/labels/role", "value": "master"}]),
-    )
-    .await;
-    assert_eq!(code, 422);
-    let (code, pod) = raw(
-        &fake,
-        reqwest::Method::PATCH,
-        &path,
-        "application/json-patch+json",
-        &json!([{"op": "test", "path": "/metadata/labels/role", "value": "replica"},
-                {"op": "replace", "path": "/metadata/labels/role", "value": "master"}]),
-    )
-    .await;
-    assert_eq!(
-        (code, &pod["metadata"]["labels"]["role"]),
-        (200, &json!("master"))
-    );
 }
 
 // ---- kubeconfig and in-cluster variants ----
@@ -1345,28 +1319,17 @@ async fn exec_plugin_client_certificate_and_timeout() {
     assert!(started.elapsed() < Duration::from_secs(3));
 }
 
+/// A token file (the service account's in a pod, read by kube-rs's
+/// `Config::incluster` at fixed paths; here a kubeconfig's `tokenFile`, the
+/// same kube-rs reader) is read again after a 401, not only each minute.
 #[tokio::test]
-async fn in_cluster_service_account_rereads_the_token() {
+async fn a_rotated_token_file_is_read_again_after_a_401() {
     let fake = FakeKube::start().await;
     fake.set_tokens(&["sa-token-1"]);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("token"), "sa-token-1\n").unwrap();
-    std::fs::write(dir.path().join("ca.crt"), fake.ca_pem()).unwrap();
-    std::fs::write(dir.path().join("namespace"), NS).unwrap();
-    let port = fake.url().rsplit(':').next().unwrap().to_string();
-    let src = InClusterSource {
-        host: Some("127.0.0.1".into()),
-        port: Some(port),
-        dir: dir.path().to_path_buf(),
-    };
-    let cluster = ClusterConfig::in_cluster_from(&src).unwrap();
-    assert_eq!(cluster.server, fake.url());
-    let mut c = cfg(Path::new("/unused"), KubernetesMode::Endpointslice);
-    c.kubeconfig = None;
-    let client = KubeClient::new(cluster, c.timeout)
-        .unwrap()
-        .with_retry(fast_retry());
-    let b = KubernetesBackend::with_client(&c, client).unwrap();
+    let path = kubeconfig_with(dir.path(), &ca_data(&fake), "    tokenFile: token");
+    let b = backend_from(&path, KubernetesMode::Endpointslice);
     b.publish(&topo(1, "10.0.0.1:6379", None)).await.unwrap();
 
     // The kubelet rotates the token; the old one stops working.
@@ -1380,6 +1343,11 @@ async fn in_cluster_service_account_rereads_the_token() {
         "the first try used the cached token"
     );
     assert_eq!(slice(&fake)["endpoints"][0]["addresses"][0], "10.0.0.2");
+
+    // A file that is gone is a clear error at start-up.
+    std::fs::remove_file(dir.path().join("token")).unwrap();
+    let e = KubernetesBackend::new(&cfg(&path, KubernetesMode::Endpointslice)).unwrap_err();
+    assert_permanent(&e, &["token"]);
 }
 
 // ---- gating verified on the Service (pod-labels with `service`) ----

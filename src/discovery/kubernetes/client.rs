@@ -4,36 +4,39 @@
 //!
 //! kube-rs owns the connection (TLS on rustls with ring, the CA,
 //! `insecure-skip-tls-verify`, `tls-server-name`, client certificates, the
-//! kubeconfig's `proxy-url`), the requests and the decoding into typed
-//! objects. Kept here:
+//! kubeconfig's `proxy-url`), the bearer token (fixed, or a token file it
+//! re-reads), the requests and the decoding into typed objects. Kept here:
 //!
-//! - the bearer token of each request comes from picket's own credentials
-//!   (`kubeconfig.rs`: token files re-read, exec plugins run with a
-//!   deadline and never interactively, which kube does not offer), put in
-//!   by a layer of the client's tower stack;
-//! - the same layer reads every error answer itself, so that its
-//!   `Retry-After` is kept and the error names the request (kube keeps
-//!   only the `Status` body);
+//! - the credential of an exec plugin (run by `kubeconfig.rs`, with a
+//!   deadline), given to kube-rs as a fixed token or client certificate
+//!   until it expires;
+//! - a token file is read here, trimmed (kube-rs sends a trailing line
+//!   break, which no header may carry), each minute and after a 401, the
+//!   exec plugin run again after a 401 (kube-rs's client is then built
+//!   anew), as client-go does;
+//! - a layer of the client's tower stack reads every error answer itself,
+//!   so that its `Retry-After` is kept and the error names the request
+//!   (kube-rs keeps only the `Status` body);
 //! - every call has a budget, in which transient failures (429, 5xx,
 //!   timeouts, connection errors, undecodable answers) are retried with
 //!   jittered exponential backoff, or after `Retry-After` when the server
-//!   sends one; a 401 makes a refreshable credential be fetched again
-//!   once, after which 401 and 403 are final (kube retries nothing);
+//!   sends one (kube-rs retries nothing);
 //! - an answer of the wrong shape (a proxy's page, a truncated body,
 //!   another object) is not taken for an object.
 
 use std::fmt::Debug;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use http::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER, USER_AGENT};
+use http::header::{HeaderValue, RETRY_AFTER, USER_AGENT};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
 use k8s_openapi::NamespaceResourceScope;
@@ -41,16 +44,12 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::client::{Body, ClientBuilder, DynBody};
 use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service};
 
-use super::kubeconfig::{
-    AuthMaterial, ClientIdentity, ClusterConfig, CredentialError, Credentials,
-};
+use super::kubeconfig::{ClusterConfig, CredentialError};
 use crate::discovery::DiscoveryError;
 
 /// How long and how often one call may be retried.
@@ -87,7 +86,11 @@ pub struct ApiError {
     pub reason: String,
     /// `Status.message`, or the start of a non-Status body.
     pub message: String,
+    /// The answer's `Retry-After`, if any.
+    pub retry_after: Option<Duration>,
 }
+
+impl std::error::Error for ApiError {}
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,9 +148,10 @@ pub enum ClientError {
     /// The API server URL is not an `http(s)://host[:port]` URL.
     #[error("invalid API server URL {0:?}")]
     InvalidServer(String),
-    /// The TLS material of the configuration is unusable.
-    #[error("TLS setup: {0}")]
-    TlsSetup(String),
+    /// kube-rs could not build a client of the configuration (its CA,
+    /// client certificate or token file is unusable).
+    #[error("client setup: {0}")]
+    Setup(String),
     /// A 2xx answer whose body is not the expected object.
     #[error("{method} {url}: undecodable response: {message}")]
     Decode {
@@ -194,28 +198,19 @@ impl ClientError {
             ClientError::Transport { .. } | ClientError::Decode { .. } => true,
             // An exec plugin or token file may well work on the next try.
             ClientError::Credentials(_) => true,
-            ClientError::Tls { .. } | ClientError::TlsSetup(_) | ClientError::InvalidServer(_) => {
+            ClientError::Tls { .. } | ClientError::Setup(_) | ClientError::InvalidServer(_) => {
                 false
             }
         }
     }
 
     /// What a failed kube-rs request `method url` was: the API server's
-    /// answer (read by [`Authorize`]), no credential, a TLS failure, an
+    /// answer (read by [`Errors`]), no credential, a TLS failure, an
     /// undecodable body or no answer.
     pub fn from_kube(e: &kube::Error, method: &str, url: &str) -> ClientError {
         let sources = chain(e);
-        if let Some(a) = sources.iter().find_map(|c| c.downcast_ref::<Answered>()) {
-            return ClientError::Api(a.error.clone());
-        }
-        if let Some(c) = sources
-            .iter()
-            .find_map(|c| c.downcast_ref::<CredentialError>())
-        {
-            return ClientError::Credentials(c.clone());
-        }
-        if let Some(c) = sources.iter().find_map(|c| c.downcast_ref::<ClientError>()) {
-            return c.clone();
+        if let Some(a) = sources.iter().find_map(|c| c.downcast_ref::<ApiError>()) {
+            return ClientError::Api(a.clone());
         }
         let (method, url) = (method.to_string(), url.to_string());
         if let Some(m) = sources.iter().find_map(|c| c.downcast_ref::<WrongShape>()) {
@@ -269,6 +264,7 @@ impl From<ClientError> for DiscoveryError {
 #[derive(Clone)]
 pub struct KubeClient {
     inner: Arc<Inner>,
+    retry: RetryPolicy,
 }
 
 impl std::fmt::Debug for KubeClient {
@@ -276,7 +272,7 @@ impl std::fmt::Debug for KubeClient {
         f.debug_struct("KubeClient")
             .field("server", &self.inner.server)
             .field("timeout", &self.inner.timeout)
-            .field("retry", &self.inner.retry)
+            .field("retry", &self.retry)
             .finish_non_exhaustive()
     }
 }
@@ -284,57 +280,118 @@ impl std::fmt::Debug for KubeClient {
 struct Inner {
     server: String,
     cluster: ClusterConfig,
-    creds: Arc<Credentials>,
     timeout: Duration,
-    retry: RetryPolicy,
-    /// The client built with the kubeconfig's own identity (if any).
-    base: kube::Client,
-    /// The client for the identity an exec plugin returned last.
-    exec: Mutex<Option<(ClientIdentity, kube::Client)>>,
+    /// The settings with the credential of now, and their client, until
+    /// the credential expires or a 401 makes it be fetched again.
+    current: tokio::sync::Mutex<Option<Current>>,
+}
+
+struct Current {
+    config: kube::Config,
+    client: kube::Client,
+    expires: Option<SystemTime>,
+}
+
+/// Run an exec plugin again a little before the stated expiry, not at it.
+const EXPIRY_MARGIN: Duration = Duration::from_secs(5);
+
+/// How often a token file is read again even when no 401 forced it: bound
+/// service-account tokens rotate (about hourly) and the kubelet rewrites
+/// the file well before expiry.
+pub const TOKEN_FILE_REFRESH: Duration = Duration::from_secs(60);
+
+/// Read `config`'s token file into its token: kube-rs would send the
+/// file as it is, and a trailing line break (as an editor leaves it) makes
+/// every request fail (client-go trims it). When the file cannot be read,
+/// the `last` token is kept (a rotation in progress must not take the
+/// backend down). Until when the token is taken as it is.
+fn read_token_file(
+    config: &mut kube::Config,
+    last: Option<&kube::Config>,
+) -> Result<Option<SystemTime>, ClientError> {
+    let Some(path) = config.auth_info.token_file.take() else {
+        return Ok(None);
+    };
+    let user = &mut config.auth_info;
+    match crate::config::read_secret(Path::new(&path)) {
+        Ok(t) if !t.trim().is_empty() => user.token = Some(t.trim().to_string().into()),
+        res => {
+            let error = res.map_or_else(|e| e.to_string(), |_| "the file is empty".into());
+            user.token = last.and_then(|l| l.auth_info.token.clone());
+            if user.token.is_none() {
+                return Err(ClientError::Setup(format!("token file {path}: {error}")));
+            }
+            tracing::warn!(
+                path,
+                error,
+                "cannot read the token file again; keeping the last token"
+            );
+        }
+    }
+    Ok(Some(SystemTime::now() + TOKEN_FILE_REFRESH))
 }
 
 impl KubeClient {
     /// A client for `cluster`, with `timeout` for each request.
     ///
-    /// Fails when the CA or client certificate cannot be used, so that a
-    /// bad configuration shows at start-up rather than at the first failover.
-    pub fn new(cluster: ClusterConfig, timeout: Duration) -> Result<Self, ClientError> {
-        let creds = Arc::new(Credentials::new(&cluster));
-        let identity = cluster.client_identity.as_ref();
-        let base = build(&cluster, identity, &creds, timeout, None)?;
+    /// Fails when the server URL, the CA, the client certificate or the
+    /// token file cannot be used, so that a bad configuration shows at
+    /// start-up rather than at the first failover (an exec plugin first
+    /// runs at the first request).
+    pub fn new(mut cluster: ClusterConfig, timeout: Duration) -> Result<Self, ClientError> {
+        let config = &mut cluster.config;
+        let server = config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string();
+        let uri = &config.cluster_url;
+        if !matches!(uri.scheme_str(), Some("https" | "http"))
+            || uri.host().is_none_or(str::is_empty)
+            || uri.query().is_some()
+        {
+            return Err(ClientError::InvalidServer(server));
+        }
+        // Each call is bounded as a whole (the answer read within
+        // `timeout`); a watch lasts as long as the server keeps it.
+        config.connect_timeout = Some(timeout);
+        config.write_timeout = Some(timeout);
+        config.read_timeout = None;
+        // Names picket in the API server's audit log and in its metrics
+        // (apiserver_request_total by client), as the webhook does.
+        config.headers = vec![(
+            USER_AGENT,
+            HeaderValue::from_static(concat!("picket/", env!("CARGO_PKG_VERSION"))),
+        )];
+        // The exec plugin first runs at the first request.
+        let current = match cluster.exec {
+            Some(_) => None,
+            None => {
+                let mut config = config.clone();
+                let expires = read_token_file(&mut config, None)?;
+                let client = build(config.clone(), &server)?;
+                Some(Current {
+                    config,
+                    client,
+                    expires,
+                })
+            }
+        };
         Ok(KubeClient {
             inner: Arc::new(Inner {
-                server: cluster.server.clone(),
-                creds,
+                server,
                 cluster,
                 timeout,
-                retry: RetryPolicy::default(),
-                base,
-                exec: Mutex::new(None),
+                current: tokio::sync::Mutex::new(current),
             }),
+            retry: RetryPolicy::default(),
         })
     }
 
-    /// The same client with another retry policy (call before cloning).
-    pub fn with_retry(self, retry: RetryPolicy) -> Self {
-        match Arc::try_unwrap(self.inner) {
-            Ok(mut i) => {
-                i.retry = retry;
-                KubeClient { inner: Arc::new(i) }
-            }
-            // Shared: the same connections and credentials, another policy.
-            Err(shared) => KubeClient {
-                inner: Arc::new(Inner {
-                    server: shared.server.clone(),
-                    cluster: shared.cluster.clone(),
-                    creds: shared.creds.clone(),
-                    timeout: shared.timeout,
-                    retry,
-                    base: shared.base.clone(),
-                    exec: Mutex::new(None),
-                }),
-            },
-        }
+    /// The same client with another retry policy.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
     }
 
     /// The API server's base URL.
@@ -351,60 +408,65 @@ impl KubeClient {
         }
     }
 
-    /// A kube-rs client for a watch lasting `watch_timeout` (kube-runtime's
-    /// watcher drives it): the identity of now, and a read timeout a little
-    /// longer than the watch, so that a connection that died silently is
-    /// noticed.
-    pub async fn watch_client(&self, watch_timeout: Duration) -> Result<kube::Client, ClientError> {
-        let auth = self.inner.creds.current().await?;
-        build(
-            &self.inner.cluster,
-            auth.identity
-                .as_ref()
-                .or(self.inner.cluster.client_identity.as_ref()),
-            &self.inner.creds,
-            self.inner.timeout,
-            Some(watch_timeout + self.inner.timeout),
-        )
-    }
-
-    /// The kube-rs client for the identity of now (a bounded watch, such
-    /// as the Service gate's, needs no read timeout of its own).
-    pub async fn kube_client(&self) -> Result<kube::Client, ClientError> {
-        let auth = self.inner.creds.current().await?;
-        self.client_for(auth.identity.as_ref())
-    }
-
-    /// Forget the current credential after a 401 (a watcher's), so that
-    /// the next request fetches a new one; whether there is one to fetch.
-    pub async fn reauthenticate(&self) -> bool {
-        if self.inner.creds.refreshable() {
-            self.inner.creds.invalidate().await;
-            true
-        } else {
-            false
-        }
-    }
-
-    fn client_for(&self, identity: Option<&ClientIdentity>) -> Result<kube::Client, ClientError> {
-        let Some(id) = identity else {
-            return Ok(self.inner.base.clone());
-        };
-        let mut g = self.inner.exec.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((cached_id, client)) = g.as_ref()
-            && cached_id == id
+    /// The settings and client of the credential of now: built again
+    /// when an exec credential expired or after [`reauthenticate`](Self::reauthenticate).
+    async fn current(&self) -> Result<(kube::Config, kube::Client), ClientError> {
+        let mut g = self.inner.current.lock().await;
+        if let Some(c) = g.as_ref()
+            && c.expires
+                .is_none_or(|e| SystemTime::now() + EXPIRY_MARGIN < e)
         {
-            return Ok(client.clone());
+            return Ok((c.config.clone(), c.client.clone()));
         }
-        let client = build(
-            &self.inner.cluster,
-            Some(id),
-            &self.inner.creds,
-            self.inner.timeout,
-            None,
-        )?;
-        *g = Some((id.clone(), client.clone()));
-        Ok(client)
+        let mut config = self.inner.cluster.config.clone();
+        let expires = match &self.inner.cluster.exec {
+            None => read_token_file(&mut config, g.as_ref().map(|c| &c.config))?,
+            Some(exec) => {
+                let cred = exec.run().await?;
+                let user = &mut config.auth_info;
+                user.token = cred.token.map(Into::into);
+                if let Some((cert, key)) = cred.identity {
+                    user.client_certificate_data = Some(B64.encode(cert));
+                    user.client_key_data = Some(B64.encode(key).into());
+                }
+                cred.expires
+            }
+        };
+        let client = build(config.clone(), &self.inner.server)?;
+        *g = Some(Current {
+            config: config.clone(),
+            client: client.clone(),
+            expires,
+        });
+        Ok((config, client))
+    }
+
+    /// A kube-rs client for a watch lasting `watch_timeout` (kube-runtime's
+    /// watcher drives it): the credential of now, and a read timeout a
+    /// little longer than the watch, so that a connection that died
+    /// silently is noticed.
+    pub async fn watch_client(&self, watch_timeout: Duration) -> Result<kube::Client, ClientError> {
+        let (mut config, _) = self.current().await?;
+        config.read_timeout = Some(watch_timeout + self.inner.timeout);
+        build(config, &self.inner.server)
+    }
+
+    /// The kube-rs client of now (a bounded watch, such as the Service
+    /// gate's, needs no read timeout of its own).
+    pub async fn kube_client(&self) -> Result<kube::Client, ClientError> {
+        Ok(self.current().await?.1)
+    }
+
+    /// Forget the current credential after a 401, so that the next
+    /// request reads the token file or runs the exec plugin again; whether
+    /// there is one to read or run.
+    pub async fn reauthenticate(&self) -> bool {
+        let cluster = &self.inner.cluster;
+        let refreshable = cluster.exec.is_some() || cluster.config.auth_info.token_file.is_some();
+        if refreshable {
+            *self.inner.current.lock().await = None;
+        }
+        refreshable
     }
 
     /// Run `op` (one kube-rs request, `method url` for the errors) within
@@ -414,45 +476,44 @@ impl KubeClient {
         F: Fn(kube::Client) -> Fut,
         Fut: Future<Output = kube::Result<T>>,
     {
-        let retry = self.inner.retry;
+        let retry = self.retry;
         let deadline = Instant::now() + retry.budget;
         let mut backoff = retry.initial_backoff;
         let mut reauthenticated = false;
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            // The credential chooses the client (an exec plugin's client
-            // certificate) and is the one the request carries: fetched
-            // once (an expired exec credential runs the plugin once).
-            let auth = self.inner.creds.current().await?;
-            let client = self.client_for(auth.identity.as_ref())?;
-            let request = FETCHED.scope(auth, op(client));
-            let err = match tokio::time::timeout(self.inner.timeout, request).await {
+            // No credential (an exec plugin failed) is reported at once.
+            let client = self.kube_client().await?;
+            let err = match tokio::time::timeout(self.inner.timeout, op(client)).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) => e,
-                Err(_) => kube::Error::Service(Box::new(TimedOut(self.inner.timeout))),
+                Ok(Err(e)) => ClientError::from_kube(&e, method, url),
+                Err(_) => ClientError::from_kube(
+                    &kube::Error::Service(Box::new(TimedOut(self.inner.timeout))),
+                    method,
+                    url,
+                ),
             };
-            let retry_after = chain(&err)
-                .iter()
-                .find_map(|c| c.downcast_ref::<Answered>())
-                .and_then(|a| a.retry_after);
-            let err = ClientError::from_kube(&err, method, url);
             match &err {
-                ClientError::Api(a)
-                    if a.code == 401 && !reauthenticated && self.inner.creds.refreshable() =>
-                {
+                ClientError::Api(a) if a.code == 401 && !reauthenticated => {
                     // An expired token or exec credential: fetch a new one, once.
                     reauthenticated = true;
-                    self.inner.creds.invalidate().await;
-                    tracing::info!(url, "401 from the API server; refreshing the credential");
-                    continue;
+                    if self.reauthenticate().await {
+                        tracing::info!(url, "401 from the API server; refreshing the credential");
+                        continue;
+                    }
+                    return Err(err);
                 }
                 ClientError::Api(a)
                     if matches!(a.code, 429 | 500 | 502 | 503 | 504)
-                        || (retry_after.is_some() && a.code >= 500) => {}
+                        || (a.retry_after.is_some() && a.code >= 500) => {}
                 ClientError::Transport { .. } | ClientError::Decode { .. } => {}
                 _ => return Err(err),
             }
+            let retry_after = match &err {
+                ClientError::Api(a) => a.retry_after,
+                _ => None,
+            };
             let wait = retry_after.unwrap_or_else(|| jitter(backoff));
             backoff = (backoff * 2).min(retry.max_backoff);
             if Instant::now() + wait > deadline {
@@ -581,14 +642,6 @@ fn named<K: kube::Resource>(obj: K, name: Option<&str>) -> kube::Result<K> {
     Err(kube::Error::Service(Box::new(WrongShape(wrong))))
 }
 
-tokio::task_local! {
-    /// The credential [`KubeClient::call`] fetched for its request, for
-    /// [`Authorize`] to use instead of fetching it again (the layer's
-    /// future is polled by the caller's task; without it, as for a
-    /// watcher's requests, the layer fetches the credential itself).
-    static FETCHED: AuthMaterial;
-}
-
 /// A 2xx answer that decoded but is not the object asked for.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -599,41 +652,27 @@ struct WrongShape(String);
 #[error("no complete answer within {0:?}")]
 struct TimedOut(Duration);
 
-/// An error answer, as [`Authorize`] read it.
-#[derive(Debug, thiserror::Error)]
-#[error("{error}")]
-struct Answered {
-    error: ApiError,
-    retry_after: Option<Duration>,
-}
-
-/// The outermost layer of every kube-rs client picket builds: see
-/// [`Authorize`].
-#[derive(Clone)]
-struct AuthorizeLayer {
-    creds: Arc<Credentials>,
+/// The outermost layer of every kube-rs client picket builds: see [`Errors`].
+struct ErrorsLayer {
     server: Arc<str>,
 }
 
-impl<S> Layer<S> for AuthorizeLayer {
-    type Service = Authorize<S>;
+impl<S> Layer<S> for ErrorsLayer {
+    type Service = Errors<S>;
 
-    fn layer(&self, inner: S) -> Authorize<S> {
-        Authorize {
+    fn layer(&self, inner: S) -> Errors<S> {
+        Errors {
             inner,
-            creds: self.creds.clone(),
             server: self.server.clone(),
         }
     }
 }
 
-/// Puts the bearer token of now on each request, and turns each error
-/// answer into an [`Answered`] error carrying the request, the decoded
-/// `Status` and `Retry-After` (a watch's stream, a 200, passes as it is).
-#[derive(Clone)]
-struct Authorize<S> {
+/// Turns each error answer into an [`ApiError`] carrying the request, the
+/// decoded `Status` and `Retry-After` (a 200, a watch's stream, passes as
+/// it is).
+struct Errors<S> {
     inner: S,
-    creds: Arc<Credentials>,
     server: Arc<str>,
 }
 
@@ -642,9 +681,9 @@ type DynResponse = Response<Box<DynBody>>;
 /// The service stack kube-rs builds from a [`kube::Config`].
 type KubeStack = tower::util::BoxService<Request<Body>, DynResponse, BoxError>;
 
-impl<S> Service<Request<Body>> for Authorize<S>
+impl<S> Service<Request<Body>> for Errors<S>
 where
-    S: Service<Request<Body>, Response = DynResponse, Error = BoxError> + Clone + Send + 'static,
+    S: Service<Request<Body>, Response = DynResponse, Error = BoxError>,
     S::Future: Send + 'static,
 {
     type Response = DynResponse;
@@ -655,31 +694,12 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
-        // The service polled ready is the one to call; a clone takes its place.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let creds = self.creds.clone();
-        let server = self.server.clone();
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let method = req.method().clone();
+        let url = format!("{}{}", self.server, req.uri().path());
+        let answer = self.inner.call(req);
         Box::pin(async move {
-            let auth = match FETCHED.try_with(Clone::clone) {
-                Ok(auth) => auth,
-                Err(_) => creds.current().await?,
-            };
-            if let Some(token) = auth.token {
-                let mut v =
-                    HeaderValue::from_str(&format!("Bearer {}", token.expose())).map_err(|_| {
-                        CredentialError::TokenFile {
-                            path: "<token>".into(),
-                            message: "the token contains characters not allowed in a header".into(),
-                        }
-                    })?;
-                v.set_sensitive(true);
-                req.headers_mut().insert(AUTHORIZATION, v);
-            }
-            let method = req.method().clone();
-            let url = format!("{server}{}", req.uri().path());
-            let resp = inner.call(req).await?;
+            let resp = answer.await?;
             let status = resp.status();
             if let Some(w) = resp.headers().get("warning") {
                 tracing::debug!(url, warning = ?w, "API server warning");
@@ -694,8 +714,9 @@ where
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
             let body = resp.into_body().collect().await?.to_bytes();
-            let error = decode_status(&method, &url, status, &String::from_utf8_lossy(&body));
-            Err(Box::new(Answered { error, retry_after }) as BoxError)
+            let mut error = decode_status(&method, &url, status, &String::from_utf8_lossy(&body));
+            error.retry_after = retry_after;
+            Err(Box::new(error) as BoxError)
         })
     }
 }
@@ -714,6 +735,7 @@ pub fn watch_error(e: &watcher::Error, url: &str) -> ClientError {
             code: r.code,
             reason: r.reason.clone(),
             message: r.message.clone(),
+            retry_after: None,
         }),
         other => ClientError::Decode {
             method: "WATCH".into(),
@@ -730,7 +752,7 @@ pub fn watch_error(e: &watcher::Error, url: &str) -> ClientError {
 pub fn watch_store<K>(
     api: Api<K>,
     config: watcher::Config,
-    backoff: WatchBackoff,
+    backoff: watcher::ExponentialBackoff,
 ) -> (Store<K>, BoxStream<'static, Result<(), watcher::Error>>)
 where
     K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -751,40 +773,15 @@ where
 }
 
 /// The backoff of kube-runtime's watcher after a failed list or watch:
-/// from `first`, doubled up to `max`, jittered; back to `first` after
-/// any event.
-#[derive(Debug, Clone)]
-pub struct WatchBackoff {
-    first: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl WatchBackoff {
-    /// A backoff from `first` to `max`.
-    pub fn new(first: Duration, max: Duration) -> Self {
-        WatchBackoff {
-            first,
-            max,
-            next: first,
-        }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let d = self.next;
-        self.next = (d * 2).min(self.max);
-        Some(jitter(d))
-    }
-}
-
-impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = self.first;
-    }
+/// from `first`, doubled up to `max`, jittered (up to twice as long);
+/// back to `first` after any event.
+pub fn watch_backoff(first: Duration, max: Duration) -> watcher::ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(first)
+        .with_max_delay(max)
+        .with_jitter()
+        .without_max_times()
+        .into()
 }
 
 /// Between half and all of `d`, so that daemons retrying together spread out.
@@ -833,10 +830,11 @@ fn decode_status(method: &Method, url: &str, status: StatusCode, text: &str) -> 
         code: status.as_u16(),
         reason,
         message,
+        retry_after: None,
     }
 }
 
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
@@ -870,99 +868,22 @@ fn chain<'a>(
     out
 }
 
-/// The kube-rs client for `cluster` with `identity` as client certificate
-/// and the tokens of `creds`, with `read_timeout` for a watch.
-fn build(
-    cluster: &ClusterConfig,
-    identity: Option<&ClientIdentity>,
-    creds: &Arc<Credentials>,
-    timeout: Duration,
-    read_timeout: Option<Duration>,
-) -> Result<kube::Client, ClientError> {
+/// The kube-rs client of `config`, with picket's [`Errors`] layer
+/// (`server` names the requests in its errors).
+fn build(config: kube::Config, server: &str) -> Result<kube::Client, ClientError> {
     crate::tls::install_crypto_provider();
-    let invalid = || ClientError::InvalidServer(cluster.server.clone());
-    let uri: http::Uri = cluster.server.parse().map_err(|_| invalid())?;
-    if !matches!(uri.scheme_str(), Some("https" | "http"))
-        || uri.host().is_none_or(str::is_empty)
-        || uri.query().is_some()
-    {
-        return Err(invalid());
-    }
-    let mut config = kube::Config::new(uri);
-    if let Some(ns) = &cluster.namespace {
-        config.default_namespace = ns.clone();
-    }
-    if !cluster.insecure_skip_tls_verify
-        && let Some(pem) = &cluster.ca_pem
-    {
-        let mut roots = Vec::new();
-        for cert in CertificateDer::pem_slice_iter(pem) {
-            let cert = cert.map_err(|e| {
-                ClientError::TlsSetup(format!("certificate authority: bad PEM: {e}"))
-            })?;
-            roots.push(cert.to_vec());
-        }
-        if roots.is_empty() {
-            return Err(ClientError::TlsSetup(
-                "certificate authority: no CERTIFICATE found in the PEM data".into(),
-            ));
-        }
-        config.root_cert = Some(roots);
-    }
-    config.accept_invalid_certs = cluster.insecure_skip_tls_verify;
-    config.tls_server_name = cluster.tls_server_name.clone();
-    // Each call is bounded as a whole (the answer read within `timeout`);
-    // a watch lasts as long as the server keeps it.
-    config.connect_timeout = Some(timeout);
-    config.write_timeout = Some(timeout);
-    config.read_timeout = read_timeout;
-    // Only the kubeconfig's proxy-url: an HTTPS_PROXY meant for other
-    // traffic must not capture the API server.
-    config.proxy_url = match &cluster.proxy_url {
-        Some(p) => Some(
-            p.parse()
-                .map_err(|_| ClientError::TlsSetup(format!("proxy-url {p:?} is not a URL")))?,
-        ),
-        None => None,
-    };
-    // Names picket in the API server's audit log and in its metrics
-    // (apiserver_request_total by client), as the webhook does.
-    config.headers = vec![(
-        USER_AGENT,
-        HeaderValue::from_static(concat!("picket/", env!("CARGO_PKG_VERSION"))),
-    )];
-    if let Some(id) = identity {
-        let certs = CertificateDer::pem_slice_iter(&id.cert_pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ClientError::TlsSetup(format!("client certificate: bad PEM: {e}")))?;
-        if certs.is_empty() {
-            return Err(ClientError::TlsSetup(
-                "client certificate: no CERTIFICATE found in the PEM data".into(),
-            ));
-        }
-        rustls::pki_types::PrivateKeyDer::from_pem_slice(&id.key_pem).map_err(|e| {
-            ClientError::TlsSetup(format!("client key: no usable private key: {e}"))
-        })?;
-        config.auth_info.client_certificate_data = Some(B64.encode(&id.cert_pem));
-        config.auth_info.client_key_data = Some(B64.encode(&id.key_pem).into());
-    }
     // kube-rs's client spawns its connection pool's task: outside a Tokio
     // runtime it would panic.
     if tokio::runtime::Handle::try_current().is_err() {
-        return Err(ClientError::TlsSetup(
+        return Err(ClientError::Setup(
             "the Kubernetes client must be built inside the Tokio runtime".into(),
         ));
     }
-    let stack = ClientBuilder::<KubeStack>::try_from(config).map_err(|e| {
-        ClientError::TlsSetup(format!("client certificate or CA: {}", error_chain(&e)))
-    })?;
-    // kube's stack is not Clone; the buffer in front of it is, which the
-    // credential lookup (async, before the call) needs.
+    let stack = ClientBuilder::<KubeStack>::try_from(config)
+        .map_err(|e| ClientError::Setup(error_chain(&e)))?;
     Ok(stack
-        .with_layer(&tower::buffer::BufferLayer::<Request<Body>>::new(1024))
-        .with_layer(&AuthorizeLayer {
-            creds: creds.clone(),
-            server: cluster.server.trim_end_matches('/').into(),
+        .with_layer(&ErrorsLayer {
+            server: server.into(),
         })
         .build())
 }
@@ -1042,43 +963,27 @@ mod tests {
 
     #[tokio::test]
     async fn bad_server_urls_and_tls_material_are_refused_up_front() {
-        use super::super::kubeconfig::AuthConfig;
-        let base = ClusterConfig {
-            server: "https://127.0.0.1:6443".into(),
-            ca_pem: None,
-            insecure_skip_tls_verify: true,
-            tls_server_name: None,
-            client_identity: None,
-            auth: AuthConfig::None,
-            namespace: None,
-            proxy_url: None,
-        };
         let t = Duration::from_secs(1);
-        assert!(KubeClient::new(base.clone(), t).is_ok());
-        for bad in ["ftp://h", "127.0.0.1:6443", "https://", "https://h?x=1"] {
-            let c = ClusterConfig {
-                server: bad.into(),
-                ..base.clone()
-            };
-            let e = KubeClient::new(c, t).unwrap_err();
+        let cluster = |server: &str, ca: Option<&[u8]>, id: Option<&str>| {
+            let mut config = kube::Config::new(server.parse().unwrap());
+            config.root_cert = ca.map(|c| vec![c.to_vec()]);
+            config.auth_info.client_certificate_data = id.map(|s| B64.encode(s));
+            config.auth_info.client_key_data = id.map(|s| B64.encode(s).into());
+            ClusterConfig { config, exec: None }
+        };
+        assert!(KubeClient::new(cluster("https://127.0.0.1:6443", None, None), t).is_ok());
+        for bad in ["ftp://h", "https://h?x=1", "/relative"] {
+            let e = KubeClient::new(cluster(bad, None, None), t).unwrap_err();
             assert!(matches!(e, ClientError::InvalidServer(_)), "{bad}: {e}");
             assert!(!e.is_transient());
         }
-        let c = ClusterConfig {
-            insecure_skip_tls_verify: false,
-            ca_pem: Some(b"not a pem".to_vec()),
-            ..base.clone()
-        };
-        let e = KubeClient::new(c, t).unwrap_err();
-        assert!(e.to_string().contains("certificate authority"), "{e}");
-        let c = ClusterConfig {
-            client_identity: Some(ClientIdentity {
-                cert_pem: b"junk".to_vec(),
-                key_pem: b"junk".to_vec(),
-            }),
-            ..base
-        };
-        let e = KubeClient::new(c, t).unwrap_err();
-        assert!(e.to_string().contains("client certificate"), "{e}");
+        let e = KubeClient::new(cluster("https://h", Some(b"not DER"), None), t).unwrap_err();
+        assert!(
+            matches!(e, ClientError::Setup(_)) && !e.is_transient(),
+            "{e}"
+        );
+        let junk = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let e = KubeClient::new(cluster("https://h", None, Some(junk)), t).unwrap_err();
+        assert!(matches!(e, ClientError::Setup(_)), "{e}");
     }
 }

@@ -22,7 +22,7 @@ use kube::runtime::watcher;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::client::{KubeClient, WatchBackoff, watch_error, watch_store};
+use super::client::{KubeClient, watch_backoff, watch_error, watch_store};
 use super::endpointslice::SERVICE_NAME_LABEL;
 use crate::discovery::DiscoveryError;
 use crate::metrics as m;
@@ -240,7 +240,7 @@ impl ServiceGate {
             self.client.server(),
             self.namespace
         );
-        let mut backoff = WatchBackoff::new(RETRY_FIRST, RETRY_MAX);
+        let mut backoff = watch_backoff(RETRY_FIRST, RETRY_MAX);
         let mut reauthenticated = false;
         loop {
             let client = match self.client.kube_client().await {
@@ -254,7 +254,8 @@ impl ServiceGate {
             };
             let api: Api<EndpointSlice> = Api::namespaced(client, &self.namespace);
             let config = watcher::Config::default().labels(&selector);
-            let (slices, mut changes) = watch_store(api, config, backoff.clone());
+            let (slices, mut changes) =
+                watch_store(api, config, watch_backoff(RETRY_FIRST, RETRY_MAX));
             while let Some(change) = changes.next().await {
                 let e = match change {
                     Ok(()) if done(&slices.state()) => return Ok(()),

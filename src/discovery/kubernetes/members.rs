@@ -19,7 +19,7 @@ use kube::runtime::watcher;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{KubeClient, WatchBackoff, watch_error, watch_store};
+use super::client::{KubeClient, watch_backoff, watch_error, watch_store};
 use super::kubeconfig::ClusterConfig;
 use super::podlabels::container_ports;
 use crate::addr::Addr;
@@ -127,7 +127,7 @@ impl PodWatch {
             self.client.server(),
             self.namespace
         );
-        let mut backoff = WatchBackoff::new(BACKOFF_FIRST, BACKOFF_MAX);
+        let mut backoff = watch_backoff(BACKOFF_FIRST, BACKOFF_MAX);
         loop {
             // A client for the identity of now (an exec plugin may return
             // another client certificate after a 401).
@@ -146,7 +146,8 @@ impl PodWatch {
                 .timeout(secs);
             // The store holds the pods of the last complete list, kept
             // current by the watch's events.
-            let (pods, mut changes) = watch_store(api, config, backoff.clone());
+            let (pods, mut changes) =
+                watch_store(api, config, watch_backoff(BACKOFF_FIRST, BACKOFF_MAX));
             while let Some(change) = changes.next().await {
                 let e = match change {
                     Ok(()) => {
