@@ -4,7 +4,8 @@
 //! in turn, round after round, case by case:
 //!
 //! - queries per second of `SENTINEL get-master-addr-by-name` at 1, 50 and
-//!   500 clients, pipelined (16 deep) and not, driven by redis-benchmark;
+//!   500 clients, pipelined (16 deep) and not, driven by redis-benchmark,
+//!   in slices that alternate between the sides;
 //! - opening 10,000 connections one after another and holding them: the
 //!   time until all are open, until all have answered a PING, the kernel's
 //!   `ListenOverflows` meanwhile and the manager's memory per connection;
@@ -12,7 +13,8 @@
 //!   where the master is;
 //! - `+switch-master` fan-out: 5,000 subscribers (the time to subscribe
 //!   them, the memory per subscriber), then a `SENTINEL FAILOVER` and when
-//!   each subscriber got the event.
+//!   each subscriber got the event: when the benchmark read it, and when
+//!   the kernel received it (`SO_TIMESTAMPNS`).
 //!
 //! Medians over the rounds, and picket's figure over Sentinel's.
 
@@ -43,6 +45,9 @@ pub struct ApiOpts {
     pub requests: usize,
     /// Requests per pipelined run.
     pub pipelined_requests: usize,
+    /// Slices each queries-per-second run is cut into, the two sides
+    /// alternating slice by slice (see [`qps_interleaved`]).
+    pub slices: usize,
     /// Connections opened and held.
     pub held: usize,
     /// Clients of the reconnect storm.
@@ -226,13 +231,73 @@ pub fn parse_rps(csv: &str) -> Option<f64> {
     line.split("\",\"").nth(1)?.trim_matches('"').parse().ok()
 }
 
-fn qps(o: &ApiOpts, api: &str, clients: usize, pipeline: usize) -> anyhow::Result<f64> {
-    let (h, p) = api.rsplit_once(':').unwrap_or((api, "26379"));
-    let n = if pipeline > 1 {
+/// One side's rate over a case's slices, in the order they ran.
+struct Slices {
+    requests: f64,
+    secs: f64,
+    rates: Vec<f64>,
+}
+
+/// Each side's requests per second at `clients` clients and `pipeline`
+/// deep: the run is cut into `o.slices` slices, the sides alternating
+/// (picket then Sentinel, then Sentinel then picket, ...), and each side's
+/// figure is its requests over its time in all slices.
+///
+/// Why: one request at a time is a round trip between two processes that
+/// sleep in between, and its rate is mostly the machine's wake-up
+/// latency, which moved by a factor of six within minutes (17,000 to
+/// 103,000 requests/s, both sides alike). Two long runs one after the
+/// other saw different machines (per round ratios 0.48 to 1.42); slices
+/// a fraction of a second long, in alternating order, give both sides
+/// the same mix of quiet and busy moments.
+fn qps_interleaved(
+    o: &ApiOpts,
+    servers: &[Server],
+    clients: usize,
+    pipeline: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let total = if pipeline > 1 {
         o.pipelined_requests
     } else {
         o.requests
     };
+    let slices = o.slices.max(1);
+    // Every client sends a few requests in each slice at least.
+    let n = (total / slices).max(clients * pipeline * 4);
+    let mut sides: Vec<Slices> = servers
+        .iter()
+        .map(|_| Slices {
+            requests: 0.0,
+            secs: 0.0,
+            rates: Vec::new(),
+        })
+        .collect();
+    for i in 0..slices {
+        let mut order: Vec<usize> = (0..servers.len()).collect();
+        if i % 2 == 1 {
+            order.reverse();
+        }
+        for k in order {
+            let rate = qps(o, &servers[k].api, clients, pipeline, n)?;
+            let side = &mut sides[k];
+            side.requests += n as f64;
+            side.secs += n as f64 / rate.max(1.0);
+            side.rates.push(rate);
+        }
+    }
+    for (s, side) in servers.iter().zip(&sides) {
+        let shown: Vec<String> = side.rates.iter().map(|r| format!("{r:.0}")).collect();
+        eprintln!(
+            "api: qps c={clients} P={pipeline} {} slices: {}",
+            s.side.name(),
+            shown.join(" ")
+        );
+    }
+    Ok(sides.iter().map(|s| s.requests / s.secs).collect())
+}
+
+fn qps(o: &ApiOpts, api: &str, clients: usize, pipeline: usize, n: usize) -> anyhow::Result<f64> {
+    let (h, p) = api.rsplit_once(':').unwrap_or((api, "26379"));
     let out = Command::new(&o.redis_benchmark)
         .args(["-h", h, "-p", p, "-c", &clients.to_string()])
         .args(["-n", &n.to_string(), "-P", &pipeline.to_string(), "--csv"])
@@ -277,6 +342,66 @@ async fn read_until(
     })
     .await
     .context("no reply in time")?
+}
+
+/// [`read_until`], and when the kernel received the bytes that completed
+/// it (`SO_TIMESTAMPNS`, which `s` must have on; the real-time clock).
+///
+/// Why: the time a reader task runs is the benchmark's own scheduling as
+/// much as the server's: 5,000 readers on the benchmark's two threads,
+/// on a machine whose two cores also run the server, its Redis servers
+/// and whatever else. In one traced fan-out both servers wrote their
+/// 5,000 messages within 107 ms, and the readers saw them spread over
+/// 622 and 358 ms. The kernel's receive time is when the server's write
+/// reached the subscriber's socket (on loopback, within the write).
+async fn read_stamped(
+    s: &TcpStream,
+    timeout: Duration,
+    done: impl Fn(&[u8]) -> bool,
+) -> anyhow::Result<std::time::SystemTime> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    use std::os::fd::AsRawFd;
+    let fd = s.as_raw_fd();
+    let mut buf = Vec::with_capacity(128);
+    let mut chunk = [0u8; 512];
+    let mut stamp = None;
+    tokio::time::timeout(timeout, async {
+        while !done(&buf) {
+            s.readable().await?;
+            let got = s.try_io(tokio::io::Interest::READABLE, || {
+                let mut iov = [std::io::IoSliceMut::new(&mut chunk)];
+                let mut space = nix::cmsg_space!(nix::sys::time::TimeSpec);
+                let m = recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_DONTWAIT)
+                    .map_err(std::io::Error::from)?;
+                let mut ts = None;
+                for c in m.cmsgs().map_err(std::io::Error::from)? {
+                    if let ControlMessageOwned::ScmTimestampns(t) = c {
+                        ts = Some(t);
+                    }
+                }
+                Ok((m.bytes, ts))
+            });
+            let (n, ts) = match got {
+                Ok(x) => x,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e.into()),
+            };
+            if n == 0 {
+                bail!("closed after {:?}", String::from_utf8_lossy(&buf));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            stamp = ts.or(stamp);
+        }
+        Ok(())
+    })
+    .await
+    .context("no reply in time")??;
+    let t = stamp.context("no receive time from the kernel (SO_TIMESTAMPNS)")?;
+    let since_epoch = Duration::new(
+        u64::try_from(t.tv_sec()).unwrap_or(0),
+        u32::try_from(t.tv_nsec()).unwrap_or(0),
+    );
+    Ok(std::time::UNIX_EPOCH + since_epoch)
 }
 
 fn lines(b: &[u8]) -> usize {
@@ -425,6 +550,8 @@ async fn fanout(
     for c in &mut conns {
         // *3, $9 subscribe, $14 +switch-master, :1.
         read_until(c, Duration::from_secs(30), |b| lines(b) >= 6).await?;
+        nix::sys::socket::setsockopt(&*c, nix::sys::socket::sockopt::ReceiveTimestampns, &true)
+            .context("SO_TIMESTAMPNS")?;
     }
     let subscribed = t0.elapsed();
     let rss1 = s.rss_kib()?;
@@ -441,14 +568,14 @@ async fn fanout(
     // the benchmark's main thread during one fan-out).
     let left = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(n));
     let all_in = std::sync::Arc::new(tokio::sync::Notify::new());
-    for mut c in conns {
+    for c in conns {
         let waiting = waiting.clone();
         let left = left.clone();
         let all_in = all_in.clone();
         tasks.spawn(async move {
             waiting.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // *3, $7 message, $14 +switch-master, $n, the payload.
-            let r = read_until(&mut c, Duration::from_secs(90), |b| {
+            let r = read_stamped(&c, Duration::from_secs(90), |b| {
                 b.windows(14).any(|w| w == b"+switch-master") && lines(b) >= 7
             })
             .await;
@@ -456,7 +583,7 @@ async fn fanout(
             if left.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
                 all_in.notify_one();
             }
-            r.map(|()| at)
+            r.map(|received| (at, received))
         });
     }
     let w = waiting.clone();
@@ -493,10 +620,21 @@ async fn fanout(
         .await
         .context("the subscribers' readers did not finish")?;
     let mut got = Vec::with_capacity(n);
+    let mut received = Vec::with_capacity(n);
     while let Some(r) = tasks.join_next().await {
-        got.push(r??);
+        let (at, kernel) = r??;
+        got.push(at);
+        received.push(kernel);
     }
     got.sort();
+    received.sort();
+    let kernel_at = |q: f64| {
+        let i = ((received.len() as f64 - 1.0) * q).round() as usize;
+        match (received.first(), received.get(i)) {
+            (Some(first), Some(t)) => secs(t.duration_since(*first).unwrap_or_default()) * 1000.0,
+            _ => 0.0,
+        }
+    };
     let first = got.first().copied().unwrap_or(started);
     let at = |q: f64| {
         let i = ((got.len() as f64 - 1.0) * q).round() as usize;
@@ -516,6 +654,9 @@ async fn fanout(
         ("p50 after first ms".into(), at(0.5)),
         ("p99 after first ms".into(), at(0.99)),
         ("last after first ms".into(), at(1.0)),
+        ("kernel p50 after first ms".into(), kernel_at(0.5)),
+        ("kernel p99 after first ms".into(), kernel_at(0.99)),
+        ("kernel last after first ms".into(), kernel_at(1.0)),
     ])
 }
 
@@ -570,8 +711,8 @@ pub async fn run(env: &Env, o: &ApiOpts, work: &Path) -> anyhow::Result<Vec<ApiS
         for &c in o.clients.iter().filter(|_| o.runs("qps")) {
             for p in [1, o.pipeline] {
                 let case = format!("qps c={c} P={p}");
-                for s in &servers {
-                    let v = qps(o, &s.api, c, p)?;
+                let rates = qps_interleaved(o, &servers, c, p)?;
+                for (s, v) in servers.iter().zip(rates) {
                     push(s.side, &case, vec![("requests/s".into(), v)]);
                 }
             }

@@ -204,6 +204,10 @@ struct Opts {
     /// Rounds of `api` (each case once per side per round, interleaved).
     #[arg(long, global = true, default_value_t = 3)]
     api_rounds: usize,
+    /// Slices of each of `api`'s queries-per-second runs, the two sides
+    /// alternating slice by slice.
+    #[arg(long, global = true, default_value_t = 10)]
+    api_slices: usize,
     /// Client counts of `api`'s queries-per-second cases.
     #[arg(long, global = true, value_parser = counts, default_value = "1,50,500")]
     api_clients: std::vec::Vec<usize>,
@@ -912,6 +916,7 @@ async fn api_bench(env: &Env, o: &Opts, work: &std::path::Path) -> anyhow::Resul
         pipeline: 16,
         requests: 100_000,
         pipelined_requests: 1_000_000,
+        slices: o.api_slices.max(1),
         held: o.api_held,
         storm: o.api_storm,
         subscribers: o.api_subscribers,
@@ -922,6 +927,7 @@ async fn api_bench(env: &Env, o: &Opts, work: &std::path::Path) -> anyhow::Resul
         ao.rounds = 1;
         ao.requests = 10_000;
         ao.pipelined_requests = 50_000;
+        ao.slices = ao.slices.min(2);
         ao.held = ao.held.min(1_000);
         ao.storm = ao.storm.min(200);
         ao.subscribers = ao.subscribers.min(200);
