@@ -98,6 +98,8 @@ pub enum Input {
     RepointSent(Addr, Result<(), CommandFailed>),
     /// A replica reports the new master with its link up.
     ReplicaSynced(Addr),
+    /// The new master went down (SDOWN) after its publication.
+    NewMasterDown,
 }
 
 /// What the driver must do.
@@ -455,6 +457,22 @@ impl Failover {
                 out
             }
             (Phase::Reconfiguring, Input::RepointSent(_, Ok(()))) => Vec::new(),
+            (Phase::Reconfiguring, Input::NewMasterDown) => {
+                // Re-pointing replicas at a dead master helps nobody, and a
+                // failover that runs holds the next one back: end it now
+                // (as at its reconfiguration timeout), so that the daemons
+                // can fail the new master over at once. Before, a master
+                // that died or came back empty while its replicas were being
+                // re-pointed waited up to the reconfiguration timeout, and
+                // its replicas copied it meanwhile (the group simulation).
+                self.todo.clear();
+                self.in_flight.clear();
+                self.phase = Phase::Done;
+                vec![
+                    Action::Event(EventKind::FailoverEndForTimeout, Detail::Master),
+                    Action::Finished(Outcome::CompletedWithTimeout),
+                ]
+            }
             (Phase::Reconfiguring, Input::ReplicaSynced(addr)) => {
                 if self.in_flight.remove(&addr).is_some() {
                     let mut out = vec![Action::Event(
@@ -765,6 +783,22 @@ mod tests {
                 .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_))))
         );
         assert_eq!(f.phase(), Phase::Reconfiguring);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_master_down_while_its_replicas_are_re_pointed_ends_the_failover() {
+        let (mut f, _) = start(Kind::Unplanned, false, vec![a(3), a(4)], 1);
+        // Before the publication the new master's SDOWN means nothing here.
+        assert!(f.step(Instant::now(), Input::NewMasterDown).is_empty());
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        assert!(f.step(Instant::now(), Input::NewMasterDown).is_empty());
+        f.step(Instant::now(), Input::Promoted(Ok(())));
+        f.step(Instant::now(), Input::Published(Ok(())));
+        assert_eq!(f.phase(), Phase::Reconfiguring);
+        let acts = f.step(Instant::now(), Input::NewMasterDown);
+        assert!(acts.contains(&Action::Finished(Outcome::CompletedWithTimeout)));
+        assert!(!acts.iter().any(|x| matches!(x, Action::Repoint { .. })));
+        assert_eq!(f.phase(), Phase::Done);
     }
 
     #[tokio::test(start_paused = true)]

@@ -935,6 +935,8 @@ impl Group {
             self.ctx.hello_now.notify_one();
             if t == Transition::Down {
                 self.election.master_went_down();
+                let now = self.now;
+                self.machine_input(now, crate::failover::machine::Input::NewMasterDown);
             }
         }
     }
