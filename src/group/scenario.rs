@@ -1179,26 +1179,22 @@ async fn a_daemon_cut_off_from_the_others_never_fails_over_alone() {
     sim.assert_no_violation();
 }
 
+/// A number from the environment, or `default` when unset or unreadable.
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 #[tokio::test]
 async fn seeded_faults_keep_every_invariant() {
     // A few seeds here; more in a longer run: PICKET_SIM_SEEDS=n.
-    let seeds: u64 = std::env::var("PICKET_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
-    let base: u64 = std::env::var("PICKET_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
-    let daemons: usize = std::env::var("PICKET_SIM_DAEMONS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+    let seeds = env_or("PICKET_SIM_SEEDS", 3);
+    let base = env_or("PICKET_SIM_SEED", 1);
+    let daemons = env_or("PICKET_SIM_DAEMONS", 3) as usize;
     // Faults per schedule (about 0.9 virtual s each, then 15 s to settle).
-    let faults: u64 = std::env::var("PICKET_SIM_FAULTS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+    let faults = env_or("PICKET_SIM_FAULTS", 20);
     let start = std::time::Instant::now();
     let (mut failing, mut virtual_ms) = (Vec::new(), 0);
     for seed in base..base + seeds {
