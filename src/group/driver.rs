@@ -53,12 +53,7 @@ pub fn spawn(
         None => None,
     };
     let record = ctx.state.group(&cfg.name);
-    // A persisted config (from a failover) wins over the initial master in
-    // the file; adopting it at start-up never flushes anything.
-    let (master, config_epoch) = match record.master {
-        Some(m) if record.config_epoch > 0 => (m, record.config_epoch),
-        _ => (cfg.master.clone(), record.config_epoch),
-    };
+    let (master, config_epoch) = super::start_config(&cfg, &record);
     let now = Instant::now();
     let cancel = parent.child_token();
     let (tx, rx) = mpsc::channel(1024);

@@ -665,6 +665,16 @@ fn tick_period(cfg: &GroupConfig) -> Duration {
     (cfg.ping_period() / 2).clamp(Duration::from_millis(10), Duration::from_millis(100))
 }
 
+/// The master and config epoch a group starts with: a persisted config
+/// (from a failover) wins over the initial master in the file; adopting it
+/// at start-up never flushes anything.
+fn start_config(cfg: &GroupConfig, record: &crate::quorum::state::GroupRecord) -> (Addr, u64) {
+    match &record.master {
+        Some(m) if record.config_epoch > 0 => (m.clone(), record.config_epoch),
+        _ => (cfg.master.clone(), record.config_epoch),
+    }
+}
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -331,10 +331,7 @@ impl Sim {
             simulate_failure: Default::default(),
         });
         let record = ctx.state.group("g");
-        let (master, epoch) = match record.master {
-            Some(m) if record.config_epoch > 0 => (m, record.config_epoch),
-            _ => (cfg.master.clone(), record.config_epoch),
-        };
+        let (master, epoch) = super::start_config(&cfg, &record);
         let client = client_options(&cfg).expect("client options");
         let discovery = Arc::new(DiscoveryRunner::new("g", vec![]));
         let now = self.t0 + Duration::from_millis(self.ms);
