@@ -380,6 +380,8 @@ impl Sim {
             return;
         }
         let now = self.now();
+        // The daemon and the virtual time in each of its log lines.
+        let _span = tracing::info_span!("sim", d = i, ms = self.ms).entered();
         let g = &mut self.daemons[i].g;
         g.now = now;
         g.on_wake(woken);
@@ -625,11 +627,15 @@ impl Sim {
         !self.cut_server.contains(&(i, a.clone())) && self.servers.get(a).is_some_and(|s| s.alive)
     }
 
-    /// `a` came back with less than it had, now. Invariant 19 holds where
-    /// a majority of the daemons sees it come back and can decide: with
-    /// fewer, its replicas are held only for the hold's time (the pause
-    /// here), and copy it once that ends without a failover.
-    fn mark_emptied(&mut self, a: &Addr) {
+    /// `a` came back with less than it had, now; `before` is the history
+    /// (replication id) it had. Invariant 19 holds where a majority of the
+    /// daemons sees it come back and can decide: with fewer, its replicas
+    /// are held only for the hold's time (the pause here), and copy it once
+    /// that ends without a failover. The replicas it protects are those of
+    /// that history: a server of another one (a restarted old master just
+    /// demoted, its first copy still to come) drops what it holds at the
+    /// first copy from any master.
+    fn mark_emptied(&mut self, a: &Addr, before: &str) {
         let n = self.daemons.len();
         let watching = (0..n)
             .filter(|i| self.daemons[*i].up && !self.cut_server.contains(&(*i, a.clone())))
@@ -643,7 +649,7 @@ impl Sim {
             .servers
             .0
             .iter()
-            .filter(|s| s.alive && s.addr != *a)
+            .filter(|s| s.alive && s.addr != *a && s.replid == before)
             .map(|s| s.addr.clone())
             .collect();
         self.emptied_ms.insert(a.clone(), (self.ms, alive));
@@ -929,8 +935,9 @@ impl Sim {
                         s.alive = true;
                         s.offset = 0;
                         s.run_id = format!("{:040}", self.ms);
-                        s.replid = format!("{:040}", self.ms + 1);
-                        self.mark_emptied(&m);
+                        let before =
+                            std::mem::replace(&mut s.replid, format!("{:040}", self.ms + 1));
+                        self.mark_emptied(&m, &before);
                         self.note(n, format!("fault: bounce {m} empty after {down} ms"));
                     }
                 }
@@ -952,6 +959,7 @@ impl Sim {
                     let empty = self.rng.random_bool(0.5);
                     if let Some(s) = self.servers.0.iter_mut().find(|s| !s.alive) {
                         s.alive = true;
+                        let before = s.replid.clone();
                         if empty {
                             s.offset = 0;
                             s.run_id = format!("{:040}", self.ms);
@@ -959,7 +967,7 @@ impl Sim {
                         }
                         let a = s.addr.clone();
                         if empty {
-                            self.mark_emptied(&a);
+                            self.mark_emptied(&a, &before);
                         }
                         self.note(n, format!("fault: restart {a} empty={empty}"));
                     }
@@ -1186,6 +1194,12 @@ fn env_or(name: &str, default: u64) -> u64 {
 
 #[tokio::test]
 async fn seeded_faults_keep_every_invariant() {
+    // The daemons' own logs, for a replay: RUST_LOG=picket=info.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .without_time()
+        .with_test_writer()
+        .try_init();
     // A few seeds here; more in a longer run: PICKET_SIM_SEEDS=n.
     let seeds = env_or("PICKET_SIM_SEEDS", 3);
     let base = env_or("PICKET_SIM_SEED", 1);

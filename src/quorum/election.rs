@@ -122,6 +122,16 @@ impl Settings {
         (self.ping_period * 2).max(Duration::from_millis(300))
     }
 
+    /// The wait before looking for a candidate again, when none was
+    /// suitable before the election: nothing was started (no epoch, no
+    /// vote asked), so there is no other leader to leave time for, and a
+    /// replica that becomes suitable (one that reconnects, or the
+    /// replicas of a master found restarted with less, held only for a
+    /// pause) must not wait `failover_timeout` (Sentinel's wait).
+    fn no_candidate_retry(&self) -> Duration {
+        self.ping_period.max(Duration::from_millis(50))
+    }
+
     /// The random part of a back-off, wide so that two daemons whose
     /// elections split do not collide again on the retry.
     fn backoff_spread(&self) -> Duration {
@@ -280,6 +290,9 @@ pub struct Election {
     /// A replica a leader intends to promote in a newer epoch than the
     /// group's config (its own, or one a vote request named).
     intended: Option<(u64, Addr)>,
+    /// `-failover-abort-no-good-slave` was reported for this ODOWN and
+    /// not followed by a start: the retries stay quiet until one starts.
+    no_candidate_reported: bool,
     rng: StdRng,
 }
 
@@ -299,6 +312,7 @@ impl Election {
             odown_since: None,
             last_ask: None,
             intended: None,
+            no_candidate_reported: false,
             rng: match seed {
                 Some(s) => StdRng::seed_from_u64(s),
                 None => StdRng::from_os_rng(),
@@ -560,8 +574,21 @@ impl Election {
     /// The group adopted a config (its own publication or a peer's) in
     /// `epoch`: the old master's ODOWN is over without a `-odown`, and an
     /// intention of that epoch or an older one is fulfilled.
+    ///
+    /// A back-off ends here too. It stood this daemon back while another
+    /// leader (or its own aborted attempt) might still be failing the old
+    /// master over; a published config means that failover is over, and
+    /// whatever fails next is a new master, failed over in a new epoch.
+    /// Sentinel keeps waiting out `failover_timeout`: a new master that
+    /// dies (or restarts empty) within it was left down for up to 10 s,
+    /// its replicas held by nobody. The vote's epoch, not the wait, keeps
+    /// two leaders apart.
     pub fn on_master_changed(&mut self, epoch: u64) {
         self.odown_since = None;
+        self.no_candidate_reported = false;
+        if matches!(self.stage, Stage::Backoff { .. }) {
+            self.stage = Stage::Watching;
+        }
         if self.intended.as_ref().is_some_and(|(e, _)| *e <= epoch) {
             self.intended = None;
         }
@@ -611,6 +638,7 @@ impl Election {
             }
             (false, Some(_)) => {
                 self.odown_since = None;
+                self.no_candidate_reported = false;
                 out.push(Action::Event(EventKind::OdownCleared, Detail::Master));
             }
             _ => {}
@@ -751,6 +779,7 @@ impl Election {
     fn start(&mut self, o: &Observation<'_>, kind: Kind, to: Option<&Addr>) -> Vec<Action> {
         match self.choose(o, to) {
             Ok(candidate) => {
+                self.no_candidate_reported = false;
                 self.stage = Stage::Starting {
                     kind,
                     candidate,
@@ -761,8 +790,13 @@ impl Election {
             Err(e) => {
                 let mut out = Vec::new();
                 if kind == Kind::Unplanned {
-                    out.push(Action::Event(EventKind::AbortNoGoodSlave, Detail::Master));
-                    self.back_off(o.now);
+                    if !self.no_candidate_reported {
+                        out.push(Action::Event(EventKind::AbortNoGoodSlave, Detail::Master));
+                        self.no_candidate_reported = true;
+                    }
+                    self.stage = Stage::Backoff {
+                        until: o.now + self.settings.no_candidate_retry(),
+                    };
                 } else {
                     out.push(Action::Switchover(Err(e.into())));
                 }
