@@ -383,6 +383,8 @@ impl Group {
                     String::new()
                 }
             ))
+        } else if odown && self.election.no_candidate() {
+            Some("master is ODOWN but no replica can be promoted (none eligible): looking again every probe period".into())
         } else {
             self.election
                 .backoff_until(now)

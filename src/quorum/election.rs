@@ -358,6 +358,12 @@ impl Election {
         }
     }
 
+    /// Whether the last look for a candidate, before an election, found
+    /// no eligible replica (and none has started since).
+    pub fn no_candidate(&self) -> bool {
+        self.no_candidate_reported
+    }
+
     /// When the machine wants to be ticked next, besides the group's
     /// regular tick (the end of the pre-election delay, exactly: rounded
     /// to a tick, every daemon's delay ended on the same tick).

@@ -368,6 +368,7 @@ async fn no_replica_reports_once_and_looks_again_soon() {
         events(&acts).contains(&EventKind::AbortNoGoodSlave),
         "{acts:?}"
     );
+    assert!(e.no_candidate());
     // Nothing was started: the next look is a ping period away, not
     // failover_timeout (30 s here).
     let Some(until) = e.backoff_until(Instant::now()) else {
@@ -387,6 +388,7 @@ async fn no_replica_reports_once_and_looks_again_soon() {
     e.on_answer(&o, 0, 1, o.now, &reply(true, None, 0));
     let acts = through_delay(&mut e, &r).await;
     assert!(has(&acts, |x| *x == Action::PersistNewEpoch), "{acts:?}");
+    assert!(!e.no_candidate());
 }
 
 #[tokio::test(start_paused = true)]
