@@ -177,9 +177,19 @@ impl Mailbox {
 
     /// The connection writes itself again: the hub queues its events.
     /// Returns once any write of the hub to its socket is over (the
-    /// hub writes under the same lock).
-    pub fn unpark(&self) {
-        lock(&self.queue).direct = None;
+    /// hub writes under the same lock), with the end of a message the
+    /// hub began and the socket did not take, if there is one.
+    ///
+    /// Why hand it back here instead of leaving it for [`Mailbox::recv`]:
+    /// a connection that wakes to read a request unparks and writes its
+    /// reply. A partial write of the hub between its last look at the
+    /// mailbox and the unparking left the message's end behind, and the
+    /// reply went into the middle of the message. The caller puts this
+    /// first in its output, before any byte of its own.
+    pub fn unpark(&self) -> Option<Bytes> {
+        let mut q = lock(&self.queue);
+        q.direct = None;
+        q.rest.take()
     }
 
     /// The next waiting mail, without waiting; `Err(n)` once `n` events
@@ -545,6 +555,79 @@ mod tests {
         let got = read_exact(&mut client, written).await;
         assert_eq!((got.len() + rest) % one, 0);
         assert!(got.starts_with("*3\r\n$7\r\nmessage\r\n"));
+    }
+
+    /// The bug behind a reply written into the middle of a `message`:
+    /// the hub wrote part of one, the connection woke for a request and
+    /// unparked, and the message's end stayed in the mailbox, to be taken
+    /// after the reply. Unparking now hands it back, once.
+    #[tokio::test]
+    async fn unparking_hands_back_the_end_of_a_message_the_hub_began() {
+        let (sock, mut client) = pair().await;
+        let mb = Mailbox::new(0);
+        // Messages larger than a fresh loopback socket's buffers, so that
+        // the hub's write is partial; numbered, to check each goes out
+        // once and in order.
+        let pad = "z".repeat(1 << 20);
+        let msg = |seq: u64| format!("{seq:08} {pad}");
+        let one = {
+            let ev = event(0, &msg(0));
+            Message::new(&ev).get(false).len()
+        };
+        // What the hub wrote, and how much of it the client has read.
+        let (mut sent, mut read) = (0usize, Vec::new());
+        let mut seq = 0u64;
+        let rest = loop {
+            assert!(seq < 64, "no partial write in 64 messages");
+            assert!(mb.park(&sock, false));
+            let ev = event(seq, &msg(seq));
+            mb.push(&ev, &mut Message::new(&ev));
+            seq += 1;
+            let (partial, queued) = {
+                let q = lock(&mb.queue);
+                (q.rest.as_ref().map(|r| r.len()), !q.events.is_empty())
+            };
+            if let Some(left) = partial {
+                sent += one - left;
+                break mb.unpark().expect("the end of the message is handed back");
+            }
+            if queued {
+                // Not one byte taken: the event waits for the task. Make
+                // room and try again with the next one.
+                mb.unpark();
+                assert!(matches!(mb.try_recv(), Ok(Some(Mail::Event(_)))));
+                seq -= 1;
+                let n = (sent - read.len()).min(256 * 1024);
+                read.extend_from_slice(read_exact(&mut client, n).await.as_bytes());
+                tokio::time::timeout(std::time::Duration::from_secs(5), sock.as_ref().writable())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                continue;
+            }
+            sent += one;
+            mb.unpark();
+        };
+        // Handed over once: not again through the mailbox.
+        assert!(
+            matches!(mb.try_recv(), Ok(None)),
+            "the end handed over twice"
+        );
+        assert!(mb.park(&sock, false), "nothing left waiting");
+        mb.unpark();
+        // The client's stream, with the handed-back end after it, is every
+        // message once, in order.
+        let n = sent - read.len();
+        read.extend_from_slice(read_exact(&mut client, n).await.as_bytes());
+        read.extend_from_slice(&rest);
+        assert_eq!(read.len(), seq as usize * one);
+        for (i, m) in read.chunks(one).enumerate() {
+            let want = {
+                let ev = event(i as u64, &msg(i as u64));
+                Message::new(&ev).get(false).clone()
+            };
+            assert!(m == &want[..], "message {i} is not whole or not in order");
+        }
     }
 
     #[test]

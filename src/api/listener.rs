@@ -295,13 +295,23 @@ impl AsyncWrite for SharedWrite {
     }
 }
 
-/// A parked connection ([`Mailbox::park`]), unparked when this is dropped,
-/// however the connection's task ends.
-struct Parked(Arc<Mailbox>);
+/// A parked connection ([`Mailbox::park`]): unparked by [`Parked::end`],
+/// or when this is dropped however the connection's task ends.
+struct Parked(Option<Arc<Mailbox>>);
+
+impl Parked {
+    /// Unpark: the end of a message the hub began writing, which goes
+    /// out before anything of the connection's own.
+    fn end(mut self) -> Option<bytes::Bytes> {
+        self.0.take().and_then(|mb| mb.unpark())
+    }
+}
 
 impl Drop for Parked {
     fn drop(&mut self) {
-        self.0.unpark();
+        if let Some(mb) = self.0.take() {
+            mb.unpark();
+        }
     }
 }
 
@@ -545,7 +555,7 @@ where
                     && conn.subs.patterns() == 0
                     && mb.park(sock, conn.resp3) =>
             {
-                Some(Parked(mb.clone()))
+                Some(Parked(Some(mb.clone())))
             }
             _ => None,
         };
@@ -558,9 +568,12 @@ where
             n = io.rd.read_buf(&mut io.input), if reading => Turn::Read(n),
         };
         // Whatever this turn writes goes after what the hub wrote, never
-        // into the middle of it; and the commands may change what the
-        // connection is subscribed to.
-        drop(parked);
+        // into the middle of it: the end of a message the hub began goes
+        // first (the output is empty while parked); and the commands may
+        // change what the connection is subscribed to.
+        if let Some(rest) = parked.and_then(Parked::end) {
+            io.output.extend_from_slice(&rest);
+        }
         match turn {
             Turn::Killed => return End::Abort,
             Turn::Slow => return slow_subscriber(conn, "output queue full"),
