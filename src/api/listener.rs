@@ -945,4 +945,78 @@ mod tests {
         assert!(closed.is_ok(), "the stalled subscriber's socket stays open");
         cancel.cancel();
     }
+
+    /// The hub's direct writes, its partial ones (a small receive window
+    /// fills at once) and the connection's own replies on one socket:
+    /// every message arrives once, whole and in order, and every reply
+    /// whole between them. Which interleavings occur depends on timing;
+    /// what is checked does not.
+    #[tokio::test]
+    async fn a_subscriber_that_also_pings_gets_every_message_once_and_every_reply_whole() {
+        let (d, addr, cancel, _dir) = start(Limits::new(10)).await;
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        let s = sock.connect(addr).await.unwrap();
+        let (mut rd, mut wr) = s.into_split();
+        wr.write_all(&cmd(&["SUBSCRIBE", "+sdown"])).await.unwrap();
+        let want_sub = b"*3\r\n$9\r\nsubscribe\r\n$6\r\n+sdown\r\n:1\r\n";
+        let mut got = vec![0u8; want_sub.len()];
+        tokio::time::timeout(Duration::from_secs(5), rd.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got[..], &want_sub[..]);
+        const EVENTS: usize = 2000;
+        const PINGS: usize = EVENTS / 10;
+        let pad = "p".repeat(2000);
+        let payload = |i: usize| format!("{i:06} {pad}");
+        let message = |i: usize| {
+            let p = payload(i);
+            format!(
+                "*3\r\n$7\r\nmessage\r\n$6\r\n+sdown\r\n${}\r\n{p}\r\n",
+                p.len()
+            )
+            .into_bytes()
+        };
+        let pong = b"*2\r\n$4\r\npong\r\n$0\r\n\r\n";
+        // The reader takes in everything the messages and pongs add up to.
+        let total = (0..EVENTS).map(|i| message(i).len()).sum::<usize>() + PINGS * pong.len();
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; total];
+            tokio::time::timeout(Duration::from_secs(60), rd.read_exact(&mut buf))
+                .await
+                .expect("everything within 60 s")
+                .expect("the connection stays open");
+            buf
+        });
+        for i in 0..EVENTS {
+            d.ctx
+                .events
+                .emit(crate::events::EventKind::Sdown, payload(i));
+            if i % 10 == 9 {
+                wr.write_all(&cmd(&["PING"])).await.unwrap();
+                // Paced, so that the bus never lags (4,096 events).
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let buf = reader.await.unwrap();
+        let (mut at, mut next, mut pongs) = (0usize, 0usize, 0usize);
+        while at < buf.len() {
+            if buf[at..].starts_with(pong) {
+                at += pong.len();
+                pongs += 1;
+                continue;
+            }
+            let m = message(next);
+            assert!(
+                buf[at..].starts_with(&m),
+                "at byte {at}, after {next} messages and {pongs} pongs: {:?}",
+                String::from_utf8_lossy(&buf[at..(at + 80).min(buf.len())])
+            );
+            at += m.len();
+            next += 1;
+        }
+        assert_eq!((next, pongs), (EVENTS, PINGS));
+        cancel.cancel();
+    }
 }
