@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use futures::FutureExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::codec::Decoder;
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::commands;
 use super::conn::{Api, ClientEntry, ClientState, Conn, SLOW_SUBSCRIBER_GRACE};
-use super::hub::Mailbox;
+use super::hub::{Mail, Mailbox};
 use super::reply::Reply;
 use super::request::{RequestDecoder, RequestError};
 use crate::events::Event;
@@ -215,15 +216,19 @@ async fn accept(
 ) {
     let Some(cfg) = tls else {
         // Owned halves of the socket itself: no lock between reading and
-        // writing, as the generic split needs.
+        // writing, as the generic split needs. The writing half is shared
+        // with the hub, which writes to a parked subscriber itself.
         let (rd, wr) = sock.into_split();
-        return handle(rd, wr, peer, laddr, api, cancel).await;
+        let wr = Arc::new(wr);
+        let direct = Some(wr.clone());
+        return handle(rd, SharedWrite(wr), direct, peer, laddr, api, cancel).await;
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(crate::tls::current(&cfg));
     let why = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
         Ok(Ok(stream)) => {
             let (rd, wr) = tokio::io::split(stream);
-            return handle(rd, wr, peer, laddr, api, cancel).await;
+            // No direct writes from the hub: TLS records are the stream's.
+            return handle(rd, wr, None, peer, laddr, api, cancel).await;
         }
         Ok(Err(e)) => e.to_string(),
         Err(_) => format!("no handshake within {TLS_HANDSHAKE_TIMEOUT:?}"),
@@ -244,6 +249,71 @@ const MAX_READ_CHUNK: usize = 64 * 1024;
 /// An output buffer left larger than this once written (after a large
 /// reply) is given back instead of kept for the next reply.
 const KEEP_OUTPUT: usize = 64 * 1024;
+
+/// The writing half of a plaintext connection, shared with the hub while
+/// the connection is parked ([`Mailbox::park`]). Writes through the
+/// socket's readiness as the half itself does; the connection's own
+/// writes and the hub's never overlap (the hub writes only while the
+/// connection is parked, under the mailbox's lock).
+struct SharedWrite(Arc<OwnedWriteHalf>);
+
+impl AsyncWrite for SharedWrite {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let sock: &TcpStream = (*self.0).as_ref();
+        loop {
+            std::task::ready!(sock.poll_write_ready(cx))?;
+            match sock.try_write(buf) {
+                // Readiness was stale: cleared by `try_write`, wait again.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                r => return std::task::Poll::Ready(r),
+            }
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        // Shared only while parked, and a closing connection is not: the
+        // half is this one's alone. Otherwise dropping the last share
+        // shuts the writing side down as well.
+        match Arc::get_mut(&mut self.0) {
+            Some(half) => std::pin::Pin::new(half).poll_shutdown(cx),
+            None => std::task::Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// A parked connection ([`Mailbox::park`]): unparked by [`Parked::end`],
+/// or when this is dropped however the connection's task ends.
+struct Parked(Option<Arc<Mailbox>>);
+
+impl Parked {
+    /// Unpark: the end of a message the hub began writing, which goes
+    /// out before anything of the connection's own.
+    fn end(mut self) -> Option<bytes::Bytes> {
+        self.0.take().and_then(|mb| mb.unpark())
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        if let Some(mb) = self.0.take() {
+            mb.unpark();
+        }
+    }
+}
 
 /// A pub/sub message that found no room in the output buffer, and when
 /// its subscriber counts as slow.
@@ -267,6 +337,9 @@ struct Io<R, W> {
     /// [`Limits::output_budget`](super::Limits::output_budget).
     budget: usize,
     held: Option<Held>,
+    /// The socket the hub may write to while the connection is parked
+    /// (plaintext only).
+    direct: Option<Arc<OwnedWriteHalf>>,
 }
 
 impl<R, W: AsyncWrite + Unpin> Io<R, W> {
@@ -308,9 +381,9 @@ impl<R, W: AsyncWrite + Unpin> Io<R, W> {
     }
 }
 
-/// Receive the next event, or wait forever when not subscribed; `Err(n)`
+/// Receive the next mail, or wait forever when not subscribed; `Err(n)`
 /// once `n` events were missed.
-async fn next_event(mailbox: &Option<Arc<Mailbox>>) -> Result<Arc<Event>, u64> {
+async fn next_event(mailbox: &Option<Arc<Mailbox>>) -> Result<Mail, u64> {
     match mailbox {
         Some(mb) => mb.recv().await,
         None => std::future::pending().await,
@@ -336,6 +409,7 @@ enum End {
 async fn handle<R, W>(
     rd: R,
     wr: W,
+    direct: Option<Arc<OwnedWriteHalf>>,
     peer: SocketAddr,
     laddr: Option<SocketAddr>,
     api: &Arc<Api>,
@@ -353,6 +427,7 @@ async fn handle<R, W>(
         output: BytesMut::new(),
         budget: api.limits.output_budget.max(1),
         held: None,
+        direct,
     };
     let now = Instant::now();
     let entry = Arc::new(ClientEntry {
@@ -430,7 +505,7 @@ fn slow_subscriber(conn: &Conn, why: &str) -> End {
 /// What one turn of the connection's loop saw.
 enum Turn {
     Killed,
-    Event(Result<Arc<Event>, u64>),
+    Event(Result<Mail, u64>),
     Read(std::io::Result<usize>),
     Wrote(std::io::Result<usize>),
     Slow,
@@ -471,6 +546,19 @@ where
             io.input.reserve(io.chunk);
         }
         let room = io.input.capacity() - io.input.len();
+        // A subscriber with nothing to write waits parked: the hub writes
+        // its channels' messages to its socket without waking this task.
+        let parked = match (&conn.events, &io.direct) {
+            (Some(mb), Some(sock))
+                if io.output.is_empty()
+                    && io.held.is_none()
+                    && conn.subs.patterns() == 0
+                    && mb.park(sock, conn.resp3) =>
+            {
+                Some(Parked(Some(mb.clone())))
+            }
+            _ => None,
+        };
         let turn = tokio::select! {
             biased;
             _ = killed => Turn::Killed,
@@ -479,6 +567,13 @@ where
             ev = next_event(&conn.events), if io.held.is_none() => Turn::Event(ev),
             n = io.rd.read_buf(&mut io.input), if reading => Turn::Read(n),
         };
+        // Whatever this turn writes goes after what the hub wrote, never
+        // into the middle of it: the end of a message the hub began goes
+        // first (the output is empty while parked); and the commands may
+        // change what the connection is subscribed to.
+        if let Some(rest) = parked.and_then(Parked::end) {
+            io.output.extend_from_slice(&rest);
+        }
         match turn {
             Turn::Killed => return End::Abort,
             Turn::Slow => return slow_subscriber(conn, "output queue full"),
@@ -489,13 +584,17 @@ where
                 }
             }
             Turn::Wrote(_) => return End::Abort,
-            Turn::Event(Ok(ev)) => {
+            Turn::Event(Ok(mail)) => {
                 // Every event already waiting, at once (a failover emits
                 // a burst): one wake-up and one write instead of one per
                 // event.
-                let mut next = Some(ev);
-                while let Some(ev) = next.take() {
-                    queue_messages(conn, io, &ev);
+                let mut next = Some(mail);
+                while let Some(mail) = next.take() {
+                    match mail {
+                        // The end of a message the hub began: first, whole.
+                        Mail::Rest(b) => io.output.extend_from_slice(&b),
+                        Mail::Event(ev) => queue_messages(conn, io, &ev),
+                    }
                     if io.held.is_some() {
                         break;
                     }
@@ -844,6 +943,80 @@ mod tests {
         })
         .await;
         assert!(closed.is_ok(), "the stalled subscriber's socket stays open");
+        cancel.cancel();
+    }
+
+    /// The hub's direct writes, its partial ones (a small receive window
+    /// fills at once) and the connection's own replies on one socket:
+    /// every message arrives once, whole and in order, and every reply
+    /// whole between them. Which interleavings occur depends on timing;
+    /// what is checked does not.
+    #[tokio::test]
+    async fn a_subscriber_that_also_pings_gets_every_message_once_and_every_reply_whole() {
+        let (d, addr, cancel, _dir) = start(Limits::new(10)).await;
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        let s = sock.connect(addr).await.unwrap();
+        let (mut rd, mut wr) = s.into_split();
+        wr.write_all(&cmd(&["SUBSCRIBE", "+sdown"])).await.unwrap();
+        let want_sub = b"*3\r\n$9\r\nsubscribe\r\n$6\r\n+sdown\r\n:1\r\n";
+        let mut got = vec![0u8; want_sub.len()];
+        tokio::time::timeout(Duration::from_secs(5), rd.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got[..], &want_sub[..]);
+        const EVENTS: usize = 2000;
+        const PINGS: usize = EVENTS / 10;
+        let pad = "p".repeat(2000);
+        let payload = |i: usize| format!("{i:06} {pad}");
+        let message = |i: usize| {
+            let p = payload(i);
+            format!(
+                "*3\r\n$7\r\nmessage\r\n$6\r\n+sdown\r\n${}\r\n{p}\r\n",
+                p.len()
+            )
+            .into_bytes()
+        };
+        let pong = b"*2\r\n$4\r\npong\r\n$0\r\n\r\n";
+        // The reader takes in everything the messages and pongs add up to.
+        let total = (0..EVENTS).map(|i| message(i).len()).sum::<usize>() + PINGS * pong.len();
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; total];
+            tokio::time::timeout(Duration::from_secs(60), rd.read_exact(&mut buf))
+                .await
+                .expect("everything within 60 s")
+                .expect("the connection stays open");
+            buf
+        });
+        for i in 0..EVENTS {
+            d.ctx
+                .events
+                .emit(crate::events::EventKind::Sdown, payload(i));
+            if i % 10 == 9 {
+                wr.write_all(&cmd(&["PING"])).await.unwrap();
+                // Paced, so that the bus never lags (4,096 events).
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let buf = reader.await.unwrap();
+        let (mut at, mut next, mut pongs) = (0usize, 0usize, 0usize);
+        while at < buf.len() {
+            if buf[at..].starts_with(pong) {
+                at += pong.len();
+                pongs += 1;
+                continue;
+            }
+            let m = message(next);
+            assert!(
+                buf[at..].starts_with(&m),
+                "at byte {at}, after {next} messages and {pongs} pongs: {:?}",
+                String::from_utf8_lossy(&buf[at..(at + 80).min(buf.len())])
+            );
+            at += m.len();
+            next += 1;
+        }
+        assert_eq!((next, pongs), (EVENTS, PINGS));
         cancel.cancel();
     }
 }

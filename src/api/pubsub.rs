@@ -148,11 +148,7 @@ impl Subscriptions {
     pub fn encode_messages(&self, ev: &Event, buf: &mut BytesMut, resp3: bool) {
         let head = if resp3 { b'>' } else { b'*' };
         if self.channels.contains(&ev.channel) {
-            buf.put_u8(head);
-            buf.put_slice(b"3\r\n");
-            put_bulk(buf, b"message");
-            put_bulk(buf, ev.channel.as_bytes());
-            put_bulk(buf, ev.message.as_bytes());
+            encode_message(ev, buf, resp3);
         }
         for p in &self.patterns {
             if glob_match(p, &ev.channel) {
@@ -165,6 +161,17 @@ impl Subscriptions {
             }
         }
     }
+}
+
+/// The `message` that a subscriber of `ev`'s channel receives (a RESP3
+/// push frame after `HELLO 3`): the same bytes for every such subscriber,
+/// so that the hub encodes them once per event.
+pub fn encode_message(ev: &Event, buf: &mut BytesMut, resp3: bool) {
+    buf.put_u8(if resp3 { b'>' } else { b'*' });
+    buf.put_slice(b"3\r\n");
+    put_bulk(buf, b"message");
+    put_bulk(buf, ev.channel.as_bytes());
+    put_bulk(buf, ev.message.as_bytes());
 }
 
 /// A bulk string: `$<len>\r\n<bytes>\r\n`.

@@ -10,7 +10,8 @@ Driven by tests/it/api_redis_py.rs over stdin/stdout, one command per line:
       reset the round's counters (the driver kills the master next).
   round-end <n> <old ip:port> <new ip:port>
       wait (bounded) until every writer wrote to the new master and every
-      subscriber got "+switch-master <name> <old> <new>"; answers
+      subscriber got "+switch-master <name> <old> <new>", exactly once
+      (a second copy, or another payload, fails the round); answers
       "round {json}" with the write gap and the errors by kind, or
       "fail <why>".
   quit
@@ -223,6 +224,7 @@ def main():
             want = f"{service} {old.replace(':', ' ')} {new.replace(':', ' ')}"
             deadline = time.monotonic() + 20
             why = None
+            first_look = None
             while True:
                 pending = []
                 for w in writers:
@@ -234,13 +236,45 @@ def main():
                         msgs = s.messages[seen[id(s)]:]
                     got[id(s)] = msgs
                 delivered = [s for s in subs if any(m == ("+switch-master", want) for m in got[id(s)])]
-                bad = [m for s in subs for m in got[id(s)] if m[1] != want]
+                bad = [
+                    (f"{fmt(s.sentinel_addr)} RESP{s.protocol}", m)
+                    for s in subs
+                    for m in got[id(s)]
+                    if m[1] != want
+                ]
                 if bad:
                     why = f"unexpected +switch-master payloads {bad}, want {want!r}"
                     break
-                per_proto = {p: any(s.protocol == p for s in delivered) for p in PROTOCOLS}
-                if not all(per_proto.values()):
-                    pending.append(f"+switch-master by protocol {per_proto}")
+                twice = [
+                    f"{fmt(s.sentinel_addr)} RESP{s.protocol}"
+                    for s in subs
+                    if len(got[id(s)]) > 1
+                ]
+                if twice:
+                    why = f"+switch-master {want!r} received more than once by {twice}"
+                    break
+                # Every subscriber, not one per protocol: the round is
+                # closed only once each has its message, so that a late one
+                # is not counted in the next round (every daemon emits
+                # +switch-master as it adopts the new master, and the
+                # driver asks only once every daemon advertises it).
+                late = [
+                    f"{fmt(s.sentinel_addr)} RESP{s.protocol}"
+                    for s in subs
+                    if s not in delivered
+                ]
+                if late:
+                    pending.append(f"+switch-master not yet received by {late}")
+                # How many were still without it when one subscriber per
+                # protocol had it and the writers had moved: the driver
+                # used to close the round there, and a late one's message
+                # then failed the next round as unexpected.
+                per_proto = all(
+                    any(s.protocol == p for s in delivered) for p in PROTOCOLS
+                )
+                writers_moved = not any(p.startswith("writer") for p in pending)
+                if first_look is None and per_proto and writers_moved:
+                    first_look = len(late)
                 if not pending:
                     break
                 if time.monotonic() > deadline:
@@ -259,6 +293,7 @@ def main():
                 "new": new,
                 "switch_master": want,
                 "daemons_delivering": len({s.sentinel_addr for s in delivered}),
+                "late_when_one_per_protocol_had_it": first_look,
                 "writers": {
                     f"RESP{w.protocol}": {
                         "max_gap_ms": round(w.max_gap * 1000),
