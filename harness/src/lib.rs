@@ -90,14 +90,28 @@ pub fn workspace_bin(name: &str) -> PathBuf {
 /// The condition is always evaluated at least once, and once more at the
 /// deadline, so a slow machine does not turn a success into a failure.
 #[track_caller]
-pub fn wait_for(desc: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+pub fn wait_for(desc: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+    wait_for_or(desc, timeout, cond, String::new);
+}
+
+/// [`wait_for`], and on a timeout the panic carries `context()` too (the
+/// daemons' logs, say: read only when the wait failed).
+pub fn wait_for_or(
+    desc: &str,
+    timeout: Duration,
+    mut cond: impl FnMut() -> bool,
+    context: impl FnOnce() -> String,
+) {
     let deadline = Instant::now() + timeout;
     loop {
         if cond() {
             return;
         }
         if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {desc}");
+            panic!(
+                "timed out after {timeout:?} waiting for {desc}\n{}",
+                context()
+            );
         }
         std::thread::sleep(POLL_INTERVAL);
     }

@@ -133,6 +133,8 @@ pub(super) enum Work {
     ReleaseSyncHold {
         target: Addr,
         restore: Vec<(String, String)>,
+        /// Earlier refusals of the same release.
+        refused: u32,
     },
     /// Keep the isolation fence on the master.
     SetFence { master: Addr, target: u32, lag: u64 },
@@ -180,6 +182,12 @@ pub(super) enum Internal {
     ScriptKilled(Addr, Result<ScriptKill, RespError>),
     /// A stray master was demoted (or not).
     Demoted(Addr, Result<(), RespError>),
+    /// Setting a sync hold's settings back was refused (the `n`th time).
+    SyncHoldRefused {
+        target: Addr,
+        restore: Vec<(String, String)>,
+        refused: u32,
+    },
     /// The master a peer announces reported this role.
     PeerConfigChecked {
         from: String,
@@ -504,21 +512,33 @@ impl Io {
                 }
                 None
             }
-            Work::ReleaseSyncHold { target, restore } => {
+            Work::ReleaseSyncHold {
+                target,
+                restore,
+                refused,
+            } => {
                 let result = ops.release_sync_hold(&target, &restore).await;
-                let outcome = match &result {
+                let (outcome, back) = match &result {
                     Ok(()) => {
                         tracing::info!(group, instance = %target, "sync hold released: the server's own replication settings are back");
-                        "released"
+                        ("released", None)
                     }
                     Err(e) => {
-                        tracing::warn!(group, instance = %target, error = %e, settings = ?restore, "could not set the server's replication settings back after a sync hold");
-                        "refused"
+                        tracing::warn!(group, instance = %target, error = %e, settings = ?restore, "could not set the server's replication settings back after a sync hold; trying again at its next INFO");
+                        let refused = refused + 1;
+                        (
+                            "refused",
+                            Some(Internal::SyncHoldRefused {
+                                target,
+                                restore,
+                                refused,
+                            }),
+                        )
                     }
                 };
                 metrics::counter!(crate::metrics::SYNC_HOLDS, "group" => group.to_string(), "result" => outcome)
                     .increment(1);
-                None
+                back
             }
             Work::SetFence {
                 master,

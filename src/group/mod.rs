@@ -524,6 +524,11 @@ impl Group {
             Internal::PeerConfigChecked { from, group, role } => {
                 self.on_peer_config_checked(from, group, role)
             }
+            Internal::SyncHoldRefused {
+                target,
+                restore,
+                refused,
+            } => self.on_sync_hold_refused(target, restore, refused),
         }
     }
 

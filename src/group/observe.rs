@@ -82,7 +82,15 @@ pub(super) struct SyncHold {
     /// The server's own settings (None: another daemon's hold was found,
     /// that daemon sets them back).
     pub(super) restore: Option<Vec<(String, String)>>,
+    /// How many times setting them back was refused (a timeout while
+    /// the server was paused, a lost connection): each is retried at the
+    /// next INFO, up to [`SYNC_HOLD_RELEASE_TRIES`].
+    pub(super) refused: u32,
 }
+
+/// How many times a sync hold's release is tried: the settings it leaves
+/// behind make every full copy from that server wait the hold's delay.
+pub(super) const SYNC_HOLD_RELEASE_TRIES: u32 = 5;
 
 /// The INFO period of a master, of a replica out of place, and of every
 /// instance around a failover (Sentinel: 1 s during a failover).
@@ -592,7 +600,12 @@ impl Group {
                 // A hold found on (another daemon's) is kept to be set back
                 // only if this daemon holds the server's own settings.
                 let restore = restore.or_else(|| inst.sync_hold.take().and_then(|h| h.restore));
-                inst.sync_hold = Some(SyncHold { at, until, restore });
+                inst.sync_hold = Some(SyncHold {
+                    at,
+                    until,
+                    restore,
+                    refused: 0,
+                });
                 return false;
             }
             ProbeEvent::Unreachable {
@@ -872,7 +885,40 @@ impl Group {
         self.effects.run(Work::ReleaseSyncHold {
             target: addr.clone(),
             restore,
+            refused: h.refused,
         });
+    }
+
+    /// The settings of a released hold were not set back: keep them, to
+    /// be tried again at the next INFO (unless a new hold was put on
+    /// meanwhile, which then owns them).
+    pub(super) fn on_sync_hold_refused(
+        &mut self,
+        addr: Addr,
+        restore: Vec<(String, String)>,
+        refused: u32,
+    ) {
+        if refused >= SYNC_HOLD_RELEASE_TRIES {
+            tracing::error!(group = %self.cfg.name, instance = %addr, settings = ?restore, "gave up setting the server's replication settings back after a sync hold: set them by hand");
+            return;
+        }
+        let now = self.now;
+        let Some(inst) = self.instances.get_mut(&addr) else {
+            return;
+        };
+        match inst.sync_hold.as_mut() {
+            Some(h) => {
+                h.restore.get_or_insert(restore);
+            }
+            None => {
+                inst.sync_hold = Some(SyncHold {
+                    at: now,
+                    until: now,
+                    restore: Some(restore),
+                    refused,
+                });
+            }
+        }
     }
 
     /// Arm the sync hold on the master's probe, and only there (Redis and

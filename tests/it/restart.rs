@@ -236,12 +236,20 @@ fn assert_sync_hold_released(s: &Setup, own: &str) {
         s.cluster.logs()
     );
     let server = s.topo.master.addr();
-    wait_for(
+    wait_for_or(
         "the restarted server's own replication settings back",
         Duration::from_secs(20),
         || {
             config_get(server, "repl-diskless-sync").as_deref() == Some(own)
                 && config_get(server, "repl-diskless-sync-delay").as_deref() == Some("0")
+        },
+        || {
+            format!(
+                "repl-diskless-sync {:?}, repl-diskless-sync-delay {:?}\n{}",
+                config_get(server, "repl-diskless-sync"),
+                config_get(server, "repl-diskless-sync-delay"),
+                s.cluster.logs()
+            )
         },
     );
 }
