@@ -81,11 +81,13 @@ enum Delivery {
         ctx: Arc<DaemonCtx>,
         ev: ProbeEvent,
     },
-    /// An IS-DOWN question from `from` (its link `peer`) to `to`.
+    /// An IS-DOWN question from `from` (its link `peer`) to `to` (the
+    /// incarnation it was sent to: a restart breaks the connection).
     Question {
         from: usize,
         ctx: Arc<DaemonCtx>,
         to: usize,
+        to_ctx: Arc<DaemonCtx>,
         peer: usize,
         query: IsDownQuery,
         sent: u64,
@@ -98,10 +100,13 @@ enum Delivery {
         epoch: u64,
         result: Result<IsDownReply, RespError>,
     },
-    /// A hello from `from` to `to`.
+    /// A hello from `from` to `to` (the incarnation it was sent to: a
+    /// hello on its way to a process that restarts is lost with the
+    /// connection, it does not reach the new process).
     Hello {
         from: usize,
         to: usize,
+        ctx: Arc<DaemonCtx>,
         hello: Hello,
     },
 }
@@ -213,6 +218,7 @@ impl Sim {
                 from: i,
                 ctx: self.daemons[i].ctx.clone(),
                 to,
+                to_ctx: self.daemons[to].ctx.clone(),
                 peer,
                 query: query.clone(),
                 sent: self.ms,
@@ -229,15 +235,13 @@ impl Sim {
         let copies = if self.net.duplicate() { 2 } else { 1 };
         for _ in 0..copies {
             let at = self.net.arrival(self.ms);
-            let hello = hello.clone();
-            self.net.push(
-                at,
-                Delivery::Hello {
-                    from: i,
-                    to: j,
-                    hello,
-                },
-            );
+            let d = Delivery::Hello {
+                from: i,
+                to: j,
+                ctx: self.daemons[j].ctx.clone(),
+                hello: hello.clone(),
+            };
+            self.net.push(at, d);
         }
     }
 
@@ -301,16 +305,18 @@ impl Sim {
                 from,
                 ctx,
                 to,
+                to_ctx,
                 peer,
                 query,
                 sent,
             } => {
                 let epoch = query.epoch;
                 let deadline = sent + PEER_TIMEOUT_MS;
-                // A daemon that is down refuses the connection at once; a
-                // stalled one, or a link that loses the question, leaves
+                // A daemon that is down refuses the connection at once (one
+                // that restarted meanwhile broke it); a stalled one, or a link that loses the question, leaves
                 // the asker waiting for its timeout.
-                let (result, when) = if !self.daemons[to].up {
+                let restarted = !Arc::ptr_eq(&to_ctx, &self.daemons[to].ctx);
+                let (result, when) = if !self.daemons[to].up || restarted {
                     (Err(RespError::Closed), self.net.arrival(self.ms))
                 } else if self.net.stalled(to, self.ms)
                     || self.cut(from, to)
@@ -369,8 +375,17 @@ impl Sim {
                 };
                 self.wake(to, Woken::Internal(Box::new(answer))).await;
             }
-            Delivery::Hello { from, to, hello } => {
-                if !self.daemons[to].up || self.net.stalled(to, self.ms) || self.cut(from, to) {
+            Delivery::Hello {
+                from,
+                to,
+                ctx,
+                hello,
+            } => {
+                if !Arc::ptr_eq(&ctx, &self.daemons[to].ctx)
+                    || !self.daemons[to].up
+                    || self.net.stalled(to, self.ms)
+                    || self.cut(from, to)
+                {
                     return;
                 }
                 let table = &self.daemons[to].ctx.peer_table;
