@@ -54,6 +54,10 @@ struct Args {
     /// With --net: no stalled daemons.
     #[arg(long, requires = "net")]
     no_stalls: bool,
+    /// With --net: a server's replies to one daemon are lost for a while
+    /// (off by default, so that seeds recorded without it replay).
+    #[arg(long, requires = "net")]
+    server_cuts: bool,
     /// Print the whole trace of a seed that broke an invariant.
     #[arg(long)]
     trace: bool,
@@ -77,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         duplicate: args.duplicate,
         one_way_cuts: !args.no_one_way_cuts,
         stalls: !args.no_stalls,
+        server_cuts: args.server_cuts,
     });
     let first = match args.seed {
         Some(s) => s,

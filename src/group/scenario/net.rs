@@ -58,16 +58,23 @@ pub struct NetFaults {
     /// Daemons' processes stall for 1.2 to 4 s (the stall threshold is 1 s
     /// with the simulation's `down_after`): TILT.
     pub stalls: bool,
+    /// A server's replies to one daemon are lost for 0.5 to 3 s (about
+    /// every 6 virtual s) while what the daemon sends still arrives: its
+    /// probe hears nothing. Not in [`NetFaults::all`], so that the seeds
+    /// recorded before it replay the same schedules (`--server-cuts`).
+    pub server_cuts: bool,
 }
 
 impl NetFaults {
-    /// Every fault, at the delays of a loaded network.
+    /// What `--net` turns on: every fault but `server_cuts`, at the
+    /// delays of a loaded network.
     pub fn all() -> NetFaults {
         NetFaults {
             delay_ms: 40,
             duplicate: 0.02,
             one_way_cuts: true,
             stalls: true,
+            server_cuts: false,
         }
     }
 }
@@ -124,6 +131,9 @@ pub(in crate::group) struct Net {
     one_way: BTreeMap<(usize, usize), u64>,
     /// A daemon's process does not run until then (ms).
     stalled_until: BTreeMap<usize, u64>,
+    /// `(daemon, server)`: the server's replies to the daemon are lost,
+    /// until then (ms).
+    server_lost: BTreeMap<(usize, Addr), u64>,
     /// No new faults (the schedule's end: healing and settling).
     calm: bool,
 }
@@ -144,6 +154,7 @@ impl Net {
             link_last: BTreeMap::new(),
             one_way: BTreeMap::new(),
             stalled_until: BTreeMap::new(),
+            server_lost: BTreeMap::new(),
             calm: false,
         }
     }
@@ -163,6 +174,7 @@ impl Net {
         self.calm = true;
         self.one_way.clear();
         self.stalled_until.clear();
+        self.server_lost.clear();
     }
 
     fn lost(&self, from: usize, to: usize, ms: u64) -> bool {
@@ -197,6 +209,15 @@ impl Sim {
             | ProbeEvent::SyncHeld { addr, .. }
             | ProbeEvent::Unreachable { addr, .. } => addr.clone(),
         };
+        let ms = self.ms;
+        if self
+            .net
+            .server_lost
+            .get(&(i, addr.clone()))
+            .is_some_and(|u| ms < *u)
+        {
+            return;
+        }
         let ctx = self.daemons[i].ctx.clone();
         let last = self.net.link_last.get(&(i, addr.clone())).copied();
         let at = self.net.arrival(self.ms).max(last.unwrap_or(0));
@@ -397,8 +418,9 @@ impl Sim {
     }
 
     /// One draw per step: a one-way cut between two daemons (about every
-    /// 3 virtual s, 0.5 to 3 s long), or a daemon's process stalled
-    /// (about every 6 virtual s, 1.2 to 4 s long).
+    /// 3 virtual s, 0.5 to 3 s long), a daemon's process stalled (about
+    /// every 6 virtual s, 1.2 to 4 s long), or a server's replies to a
+    /// daemon lost (about every 6 virtual s, 0.5 to 3 s long).
     fn net_faults(&mut self) {
         let Some(f) = self.net.faults else {
             return;
@@ -424,6 +446,16 @@ impl Sim {
                 self.net.stalled_until.insert(i, until);
                 self.note(n, format!("fault: daemon {i} stalled until {until} ms"));
             }
+        } else if f.server_cuts && r == 3 {
+            let i = self.net.rng.random_range(0..n);
+            let k = self.net.rng.random_range(0..self.servers.0.len());
+            let a = self.servers.0[k].addr.clone();
+            let until = self.ms + self.net.rng.random_range(500..3000);
+            self.note(
+                n,
+                format!("fault: {a}'s replies to {i} lost until {until} ms"),
+            );
+            self.net.server_lost.insert((i, a), until);
         }
     }
 }
@@ -432,19 +464,27 @@ impl Sim {
 mod tests {
     use super::*;
 
-    /// A process that does not run for 2 s notices it at its next wake and
-    /// goes into TILT; the daemons that ran do not.
-    #[tokio::test]
-    async fn a_stalled_daemon_notices_the_jump_of_its_clock_and_goes_into_tilt() {
+    /// Three daemons, two seconds into a healthy group, with the network
+    /// on but no fault of its own: the test sets the one it is about.
+    async fn healthy() -> Sim {
         let mut sim = Sim::new(3, 2, 1);
         let quiet = NetFaults {
             delay_ms: 0,
             duplicate: 0.0,
             one_way_cuts: false,
             stalls: false,
+            server_cuts: false,
         };
         sim.net = Net::new(Some(quiet), 1);
         sim.run_for(2_000).await;
+        sim
+    }
+
+    /// A process that does not run for 2 s notices it at its next wake and
+    /// goes into TILT; the daemons that ran do not.
+    #[tokio::test]
+    async fn a_stalled_daemon_notices_the_jump_of_its_clock_and_goes_into_tilt() {
+        let mut sim = healthy().await;
         assert!(sim.daemons[0].ctx.tilt.since().is_none());
         sim.net.stalled_until.insert(0, sim.ms + 2_000);
         sim.run_for(1_900).await;
@@ -460,6 +500,37 @@ mod tests {
         for d in &sim.daemons[1..] {
             assert!(d.ctx.tilt.since().is_none(), "{}", d.ctx.id);
         }
+        assert!(sim.violations.is_empty(), "{:#?}", sim.violations);
+    }
+
+    /// A daemon that loses the master's replies (its commands would still
+    /// arrive) sees the master down on its own, and the others, who hear
+    /// it, keep it: nothing fails over.
+    #[tokio::test]
+    async fn a_daemon_that_loses_the_masters_replies_sees_it_down_alone() {
+        let mut sim = healthy().await;
+        let master = crate::addr::Addr {
+            host: "127.0.0.1".into(),
+            port: 7000,
+        };
+        let down = |sim: &Sim, i: usize| {
+            sim.daemons[i]
+                .g
+                .instances
+                .get(&master)
+                .is_some_and(|x| x.sdown.is_down())
+        };
+        sim.net
+            .server_lost
+            .insert((0, master.clone()), sim.ms + 3_000);
+        sim.run_for(2_500).await;
+        assert!(down(&sim, 0), "silent for 2.5 s: down for daemon 0");
+        assert!(!down(&sim, 1) && !down(&sim, 2));
+        assert!(
+            !sim.trace.iter().any(|(_, _, w)| w.starts_with("promote")),
+            "{:#?}",
+            sim.trace
+        );
         assert!(sim.violations.is_empty(), "{:#?}", sim.violations);
     }
 }

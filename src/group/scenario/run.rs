@@ -59,6 +59,9 @@ impl Run {
             if !n.stalls {
                 cmd += " --no-stalls";
             }
+            if n.server_cuts {
+                cmd += " --server-cuts";
+            }
         }
         cmd
     }
