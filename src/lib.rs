@@ -35,6 +35,8 @@ pub mod quorum;
 pub mod reload;
 pub mod resp;
 pub mod service;
+#[doc(hidden)]
+pub mod sim;
 pub mod status_table;
 mod tilt;
 pub mod tls;

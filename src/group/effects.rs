@@ -241,9 +241,9 @@ enum Mode {
         /// Where the group's probes report.
         probe_tx: mpsc::Sender<Box<ProbeEvent>>,
     },
-    /// Tests of the decisions: the work is kept for the test to carry out
-    /// (simulated servers, virtual time) and no probe runs.
-    #[cfg(test)]
+    /// The simulation (`scenario.rs`, also built for `picket-sim`): the
+    /// work is kept for it to carry out (simulated servers, virtual time)
+    /// and no probe runs.
     Recorded(Vec<Work>),
 }
 
@@ -274,7 +274,6 @@ impl Effects {
     }
 
     /// An executor that only records the work asked for.
-    #[cfg(test)]
     pub(super) fn recording() -> Effects {
         Effects {
             mode: Mode::Recorded(Vec::new()),
@@ -283,7 +282,6 @@ impl Effects {
     }
 
     /// The work recorded since the last call (empty when live).
-    #[cfg(test)]
     pub(super) fn take(&mut self) -> Vec<Work> {
         match &mut self.mode {
             Mode::Recorded(w) => std::mem::take(w),
@@ -301,7 +299,6 @@ impl Effects {
     pub(super) fn start_probe(&self, settings: ProbeSettings) -> Option<ProbeHandle> {
         match &self.mode {
             Mode::Live { probe_tx, .. } => Some(crate::probe::spawn(settings, probe_tx.clone())),
-            #[cfg(test)]
             Mode::Recorded(_) => None,
         }
     }
@@ -312,7 +309,6 @@ impl Effects {
             Mode::Live {
                 io, tracker, tx, ..
             } => (io.clone(), tracker, tx.clone()),
-            #[cfg(test)]
             Mode::Recorded(w) => {
                 w.push(work);
                 return;
@@ -335,7 +331,6 @@ impl Effects {
         self.cancel.cancel();
         let (io, tracker) = match &self.mode {
             Mode::Live { io, tracker, .. } => (io, tracker),
-            #[cfg(test)]
             Mode::Recorded(_) => return,
         };
         io.discovery.shutdown();

@@ -46,8 +46,8 @@ mod isolation;
 mod members;
 mod observe;
 mod repair;
-#[cfg(test)]
-mod scenario;
+// Not only a test: `picket-sim` runs it too (`crate::sim`).
+pub(crate) mod scenario;
 pub mod view;
 
 pub use driver::spawn;

@@ -15,7 +15,9 @@
 //!
 //! Not simulated yet: servers' replication by data (a full copy from a
 //! restarted master), the sync hold (a probe's work), backends other than
-//! the state file, message delays and reordering.
+//! the state file. Message delays, duplicates, reordering, one-way cuts
+//! and stalls are `net.rs`'s, when a run asks for them (`picket-sim
+//! --net`); `run.rs` is the schedule `picket-sim` runs.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -23,11 +25,10 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::effects::{Effects, Internal, Work};
-use super::{Group, GroupMsg, Woken, client_options};
+use super::{Group, Woken, client_options};
 use crate::addr::Addr;
 use crate::context::DaemonCtx;
 use crate::discovery::runner::DiscoveryRunner;
@@ -40,6 +41,10 @@ use crate::quorum::state::StateStore;
 use crate::quorum::table::PeerTable;
 use crate::resp::RespError;
 use crate::tilt::Tilt;
+
+mod net;
+pub(crate) mod run;
+mod tempfile;
 
 /// One simulated data server (Redis 7).
 #[derive(Debug, Clone)]
@@ -239,6 +244,9 @@ struct Sim {
     /// state file (as `kill -9` and a supervisor would), half the time.
     crash_after_vote: bool,
     violations: Vec<String>,
+    /// Delays, duplicates, one-way cuts and stalls (`net.rs`; off: every
+    /// message arrives at once).
+    net: net::Net,
 }
 
 impl Sim {
@@ -280,6 +288,7 @@ impl Sim {
             led: HashSet::new(),
             crash_after_vote: false,
             violations: Vec::new(),
+            net: net::Net::off(),
         };
         for i in 0..n {
             let dir = tempfile::tempdir().expect("a temporary directory");
@@ -376,7 +385,7 @@ impl Sim {
     /// Wake daemon `i` with `woken`, publish its view as the driver does,
     /// then carry out what it asked for.
     async fn wake(&mut self, i: usize, woken: Woken) {
-        if !self.daemons[i].up {
+        if !self.daemons[i].up || self.net.stalled(i, self.ms) {
             return;
         }
         let now = self.now();
@@ -444,6 +453,10 @@ impl Sim {
     async fn carry_out(&mut self, i: usize, w: Work) -> Option<Internal> {
         let state = self.daemons[i].ctx.state.clone();
         match w {
+            Work::AskPeer { peer, query } if self.net.on() => {
+                self.send_question(i, peer, query);
+                None
+            }
             Work::AskPeer { peer, query } => {
                 let j = Sim::peer_of(i, peer);
                 let at = self.now();
@@ -456,19 +469,7 @@ impl Sim {
                         result: Err(RespError::Closed),
                     });
                 }
-                let (tx, mut rx) = oneshot::channel();
-                let msg = GroupMsg::IsDown { query, reply: tx };
-                Box::pin(self.wake(j, Woken::Msg(Box::new(msg)))).await;
-                let result = match rx.try_recv() {
-                    Ok(Ok(r)) => Ok(r),
-                    _ => Err(RespError::Closed),
-                };
-                if let Ok(r) = &result
-                    && r.leader_epoch == epoch
-                    && let Some(leader) = &r.leader
-                {
-                    self.check_vote(j, epoch, leader);
-                }
+                let result = self.ask(j, query).await;
                 Some(Internal::Answer {
                     peer,
                     epoch,
@@ -763,6 +764,7 @@ impl Sim {
         let end = self.ms + ms;
         while self.ms < end {
             self.ms += 10;
+            self.deliver_due().await;
             let at = self.now();
             if self.ms.is_multiple_of(100) {
                 // Invariant 19 (C8): a server that came back with less is
@@ -820,7 +822,11 @@ impl Sim {
                         })
                     };
                     if let Some(ev) = ev {
-                        self.wake(i, Woken::Probe(Box::new(ev))).await;
+                        if self.net.on() {
+                            self.send_probe(i, ev);
+                        } else {
+                            self.wake(i, Woken::Probe(Box::new(ev))).await;
+                        }
                     }
                 }
                 if self.ms.is_multiple_of(50) {
@@ -860,6 +866,10 @@ impl Sim {
                 if j == i || !self.daemons[j].up || self.cut(i, j) {
                     continue;
                 }
+                if self.net.on() {
+                    self.send_hello(i, j, &hello);
+                    continue;
+                }
                 let table = &self.daemons[j].ctx.peer_table;
                 table.record_hello_at(Sim::link_of(j, i), &hello, at);
                 table.mark_seen(Sim::link_of(j, i), at);
@@ -894,6 +904,7 @@ impl Sim {
 
     /// The position in the trace of the first entry starting with `what`
     /// (a failure when there is none).
+    #[cfg(test)]
     fn at(&self, what: &str) -> usize {
         self.trace
             .iter()
@@ -1015,6 +1026,7 @@ impl Sim {
         for s in self.servers.0.iter_mut().filter(|s| !s.alive) {
             s.alive = true;
         }
+        self.net.calm();
         self.note(self.daemons.len(), "fault: heal all".into());
         self.run_for(15_000).await;
         match self.agreed_master() {
@@ -1049,6 +1061,7 @@ impl Sim {
         h.finish()
     }
 
+    #[cfg(test)]
     fn assert_no_violation(&self) {
         assert!(
             self.violations.is_empty(),
@@ -1185,6 +1198,7 @@ async fn a_daemon_cut_off_from_the_others_never_fails_over_alone() {
 }
 
 /// A number from the environment, or `default` when unset or unreadable.
+#[cfg(test)]
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()

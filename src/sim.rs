@@ -1,0 +1,5 @@
+//! The seeded simulation of whole failovers (`group/scenario.rs`), for the
+//! `picket-sim` binary: not an API (hidden from the documentation), and not
+//! linked into the daemon, which never calls it.
+
+pub use crate::group::scenario::run::{NetFaults, Outcome, Run, run};
