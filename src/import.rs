@@ -1174,6 +1174,7 @@ impl Plan {
                             .then(|| crate::addr::Addr::new(a.host.clone(), a.port)),
                         vote_epoch: 0,
                         voted_for: None,
+                        vote_promote: None,
                         known_replicas: m
                             .replicas
                             .iter()

@@ -365,7 +365,9 @@ impl Io {
             )),
             Work::Vote { query, down, reply } => {
                 let candidate = query.candidate.clone().unwrap_or_default();
-                let result = state.vote(group, query.epoch, &candidate).await;
+                let result = state
+                    .vote(group, query.epoch, &candidate, query.promote.as_ref())
+                    .await;
                 Some(Internal::Voted {
                     query,
                     down,

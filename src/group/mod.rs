@@ -338,7 +338,17 @@ impl Group {
             config_epoch,
             instances: BTreeMap::new(),
             aliases: BTreeMap::new(),
-            election: Election::new(settings, ctx.peers.len(), seed),
+            election: {
+                let mut e = Election::new(settings, ctx.peers.len(), seed);
+                let rec = ctx.state.group(&cfg.name);
+                if let Some(p) = rec.vote_promote
+                    && rec.vote_epoch > config_epoch
+                    && rec.voted_for.as_deref() != Some(ctx.id.as_str())
+                {
+                    e.restore_intended(rec.vote_epoch, p);
+                }
+                e
+            },
             failover: None,
             switchover_reply: None,
             pending_switchover: None,

@@ -374,6 +374,14 @@ impl Election {
         }
     }
 
+    /// At start-up: the replica the leader this daemon last voted for
+    /// said it would promote in `epoch` (persisted with the vote), so that
+    /// a daemon restarted just after its vote does not take that replica,
+    /// turning master, for an out-of-place one to demote.
+    pub fn restore_intended(&mut self, epoch: u64, replica: Addr) {
+        self.intended = Some((epoch, replica));
+    }
+
     /// The replica a leader of a newer epoch than `config_epoch` intends
     /// to promote: it must be neither demoted nor re-pointed.
     pub fn intended(&self, config_epoch: u64) -> Option<&Addr> {

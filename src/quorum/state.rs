@@ -106,6 +106,12 @@ pub struct GroupRecord {
     pub vote_epoch: u64,
     /// Whom it voted for in `vote_epoch` (a daemon id).
     pub voted_for: Option<String>,
+    /// The replica that leader said it would promote (its vote request's
+    /// `promote`). Kept with the vote so that a daemon restarted just after
+    /// voting still knows it, and neither demotes nor re-points the
+    /// replica being promoted as an out-of-place master.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vote_promote: Option<Addr>,
     /// Servers to probe from the start besides the master, before it lists
     /// them: those a Sentinel knew (written by `picket import`), then those
     /// this daemon knew when it last adopted a config, the old master among
@@ -384,6 +390,7 @@ impl StateStore {
             let mut rec = g.vote_record();
             let epoch = new_epoch(&mut s.current_epoch, &mut rec, &id);
             g.set_vote_record(rec);
+            g.vote_promote = None;
             Some(epoch)
         })
         .await
@@ -391,15 +398,30 @@ impl StateStore {
 
     /// Sentinel's vote rule ([`cast_vote`]): one vote per (group, epoch),
     /// never for an epoch lower than the current one. The vote is durable
-    /// before this returns; the result is the vote on record (possibly an
-    /// earlier one).
-    pub async fn vote(&self, group: &str, epoch: u64, candidate: &str) -> Result<Vote, StateError> {
+    /// before this returns, with the replica the candidate will promote
+    /// (`promote`, [`GroupRecord::vote_promote`]); the result is the vote on
+    /// record (possibly an earlier one).
+    pub async fn vote(
+        &self,
+        group: &str,
+        epoch: u64,
+        candidate: &str,
+        promote: Option<&Addr>,
+    ) -> Result<Vote, StateError> {
         let (group, candidate) = (group.to_string(), candidate.to_string());
+        let promote = promote.cloned();
         self.update(move |s| {
             let g = s.groups.entry(group).or_default();
             let mut rec = g.vote_record();
-            let (vote, _) = cast_vote(&mut s.current_epoch, &mut rec, epoch, &candidate);
+            let (vote, changed) = cast_vote(&mut s.current_epoch, &mut rec, epoch, &candidate);
+            let granted = vote.epoch == epoch && vote.leader.as_deref() == Some(candidate.as_str());
+            if changed && rec.vote_epoch != g.vote_epoch {
+                g.vote_promote = None;
+            }
             g.set_vote_record(rec);
+            if granted && g.vote_promote.is_none() {
+                g.vote_promote = promote;
+            }
             vote
         })
         .await
@@ -614,7 +636,7 @@ mod tests {
     async fn one_vote_per_epoch_across_restarts() {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
-        let v = s.vote("g", 5, "b").await.unwrap();
+        let v = s.vote("g", 5, "b", None).await.unwrap();
         assert_eq!(
             v,
             Vote {
@@ -623,18 +645,18 @@ mod tests {
             }
         );
         // A second candidate in the same epoch gets the recorded vote back.
-        let v = s.vote("g", 5, "c").await.unwrap();
+        let v = s.vote("g", 5, "c", None).await.unwrap();
         assert_eq!(v.leader.as_deref(), Some("b"));
         drop(s);
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
-        let v = s.vote("g", 5, "c").await.unwrap();
+        let v = s.vote("g", 5, "c", None).await.unwrap();
         assert_eq!(
             v.leader.as_deref(),
             Some("b"),
             "vote must survive a restart"
         );
         // An older epoch never gets a vote.
-        let v = s.vote("g", 4, "c").await.unwrap();
+        let v = s.vote("g", 4, "c", None).await.unwrap();
         assert_eq!(
             v,
             Vote {
@@ -643,7 +665,7 @@ mod tests {
             }
         );
         // A newer epoch does.
-        let v = s.vote("g", 6, "c").await.unwrap();
+        let v = s.vote("g", 6, "c", None).await.unwrap();
         assert_eq!(
             v,
             Vote {
@@ -652,8 +674,31 @@ mod tests {
             }
         );
         // Votes are per group.
-        let v = s.vote("h", 6, "d").await.unwrap();
+        let v = s.vote("h", 6, "d", None).await.unwrap();
         assert_eq!(v.leader.as_deref(), Some("d"));
+    }
+
+    #[tokio::test]
+    async fn the_replica_a_leader_will_promote_is_kept_with_the_vote() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path(), Some("a")).unwrap();
+        let r1 = Addr::new("10.0.0.1", 6379);
+        let r2 = Addr::new("10.0.0.2", 6379);
+        s.vote("g", 5, "b", Some(&r1)).await.unwrap();
+        // Another candidate of the same epoch gets no vote, and does not
+        // change the replica of the vote on record.
+        s.vote("g", 5, "c", Some(&r2)).await.unwrap();
+        drop(s);
+        let s = StateStore::open(dir.path(), Some("a")).unwrap();
+        assert_eq!(s.group("g").vote_promote, Some(r1.clone()));
+        // A vote in a newer epoch replaces it, also with none named.
+        s.vote("g", 6, "c", None).await.unwrap();
+        assert_eq!(s.group("g").vote_promote, None);
+        s.vote("g", 7, "c", Some(&r2)).await.unwrap();
+        assert_eq!(s.group("g").vote_promote, Some(r2));
+        // This daemon's own election: no other leader's replica.
+        s.start_election("g", 7).await.unwrap();
+        assert_eq!(s.group("g").vote_promote, None);
     }
 
     #[tokio::test]
@@ -661,7 +706,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
         s.observe_epoch(10).await.unwrap();
-        let v = s.vote("g", 9, "b").await.unwrap();
+        let v = s.vote("g", 9, "b", None).await.unwrap();
         assert_eq!(v.leader, None);
     }
 
@@ -722,11 +767,11 @@ mod tests {
         s.set_config("g", 2, &Addr::new("127.0.0.2", 1), vec![])
             .await
             .unwrap();
-        s.vote("g", 3, "b").await.unwrap();
+        s.vote("g", 3, "b", None).await.unwrap();
         s.remove_group("g").await.unwrap();
         assert_eq!(s.group("g").master, None);
         assert_eq!(s.group("g").config_epoch, 0);
-        let v = s.vote("g", 3, "c").await.unwrap();
+        let v = s.vote("g", 3, "c", None).await.unwrap();
         assert_eq!(v.leader.as_deref(), Some("b"), "no second vote in epoch 3");
     }
 
@@ -737,7 +782,7 @@ mod tests {
         // Make the directory unwritable by replacing the temp path with a
         // directory: the create fails.
         fs::create_dir(dir.path().join(format!("{STATE_FILE}.tmp"))).unwrap();
-        let err = s.vote("g", 1, "b").await;
+        let err = s.vote("g", 1, "b", None).await;
         assert!(err.is_err());
         assert_eq!(s.group("g").voted_for, None);
         assert_eq!(s.current_epoch(), 0);
@@ -765,7 +810,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = StateStore::open(dir.path(), Some("a")).unwrap();
         let seen = s.group("g").vote_epoch;
-        s.vote("g", 1, "b").await.unwrap();
+        s.vote("g", 1, "b", None).await.unwrap();
         assert_eq!(s.start_election("g", seen).await.unwrap(), None);
         assert_eq!(s.group("g").voted_for.as_deref(), Some("b"));
         assert_eq!(s.current_epoch(), 1);
@@ -780,7 +825,7 @@ mod tests {
         for i in 0..200 {
             let s = s.clone();
             joins.push(tokio::spawn(async move {
-                s.vote(&format!("g{i}"), 2, "b").await
+                s.vote(&format!("g{i}"), 2, "b", None).await
             }));
         }
         for j in joins {
