@@ -81,7 +81,7 @@ impl Group {
                 )),
             );
         }
-        self.election.on_master_changed(epoch);
+        self.election.on_master_changed(self.now, epoch);
         self.master_role_down = false;
         if old != master {
             self.master_since = self.now;

@@ -589,19 +589,24 @@ impl Election {
     /// `epoch`: the old master's ODOWN is over without a `-odown`, and an
     /// intention of that epoch or an older one is fulfilled.
     ///
-    /// A back-off ends here too. It stood this daemon back while another
-    /// leader (or its own aborted attempt) might still be failing the old
-    /// master over; a published config means that failover is over, and
-    /// whatever fails next is a new master, failed over in a new epoch.
-    /// Sentinel keeps waiting out `failover_timeout`: a new master that
-    /// dies (or restarts empty) within it was left down for up to 10 s,
-    /// its replicas held by nobody. The vote's epoch, not the wait, keeps
-    /// two leaders apart.
-    pub fn on_master_changed(&mut self, epoch: u64) {
+    /// A back-off is cut short here too, to `down_after` from now. It
+    /// stood this daemon back while another leader (or its own aborted
+    /// attempt) might still be failing the old master over; a published
+    /// config means that failover is over, and whatever fails next is a
+    /// new master, failed over in a new epoch. Sentinel keeps waiting out
+    /// `failover_timeout`: a new master that dies (or restarts empty)
+    /// within it was left down for up to 10 s, its replicas held by
+    /// nobody. What is left, `down_after`, gives this daemon's view of the
+    /// new master (read again at the adoption) time to catch up before it
+    /// could find it down on what it read of it as a replica. The vote's
+    /// epoch, not the wait, keeps two leaders apart.
+    pub fn on_master_changed(&mut self, now: Instant, epoch: u64) {
         self.odown_since = None;
         self.no_candidate_reported = false;
-        if matches!(self.stage, Stage::Backoff { .. }) {
-            self.stage = Stage::Watching;
+        if let Stage::Backoff { until } = self.stage {
+            self.stage = Stage::Backoff {
+                until: until.min(now + self.settings.down_after),
+            };
         }
         if self.intended.as_ref().is_some_and(|(e, _)| *e <= epoch) {
             self.intended = None;

@@ -268,6 +268,7 @@ impl Sim {
     }
 
     fn adopt(&mut self, i: usize, epoch: u64) -> Vec<Action> {
+        let now = self.at();
         let n = &mut self.nodes[i];
         if epoch <= n.config_epoch {
             return Vec::new();
@@ -276,7 +277,7 @@ impl Sim {
         n.master_sdown = false;
         n.current_epoch = n.current_epoch.max(epoch);
         let out = n.machine.abandon();
-        n.machine.on_master_changed(epoch);
+        n.machine.on_master_changed(now, epoch);
         out
     }
 

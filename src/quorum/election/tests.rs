@@ -204,7 +204,7 @@ async fn a_random_delay_then_an_election_won_with_a_majority() {
         x,
         Action::Ask(_)
     )));
-    e.on_master_changed(5);
+    e.on_master_changed(Instant::now(), 5);
     assert_eq!(e.intended(1), None);
     e.on_failover_end(Instant::now(), true);
     assert_eq!(e.stage(), &Stage::Watching);
@@ -322,8 +322,13 @@ async fn a_vote_for_another_daemon_stands_this_one_back() {
     // not after failover_timeout (found by the simulation, seed 60: a
     // new master that restarted empty 2 s after its promotion was left
     // down for 10 s, and its replicas copied it).
-    e.on_master_changed(7);
-    assert_eq!(e.stage(), &Stage::Watching);
+    e.on_master_changed(Instant::now(), 7);
+    assert_eq!(
+        e.backoff_until(Instant::now()),
+        Some(Instant::now() + Duration::from_secs(1)),
+        "down_after left, not failover_timeout"
+    );
+    advance(Duration::from_secs(1)).await;
     let o = obs(true, &r);
     e.tick(&o);
     e.on_answer(&o, 0, 7, o.now, &reply(true, None, 0));
