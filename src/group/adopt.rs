@@ -81,7 +81,11 @@ impl Group {
                 )),
             );
         }
-        self.election.on_master_changed(self.now, epoch);
+        if old != master {
+            self.election.on_master_changed(self.now, epoch);
+        } else {
+            self.election.on_master_kept(epoch);
+        }
         self.master_role_down = false;
         if old != master {
             self.master_since = self.now;

@@ -13,7 +13,7 @@ use super::{Group, Running, ms};
 use crate::addr::Addr;
 use crate::discovery::{Fence, Reporter};
 use crate::events::{Detail, EventKind};
-use crate::failover::machine::{Action, Failover, Input, Kind, Outcome, Phase};
+use crate::failover::machine::{Action, Failover, Input, Outcome, Phase};
 use crate::metrics as m;
 use crate::probe::{Flavour, Role};
 use crate::quorum::election::Ballot;
@@ -230,9 +230,21 @@ impl Group {
         });
         // A completed failover: the next one may start whenever needed.
         self.election.on_failover_end(now, completed);
-        if !completed && run.machine.kind == Kind::Switchover {
-            // The old master serves again: make sure the backends that
-            // were fenced route to it again, with the fence's epoch.
+        if !completed
+            && self.master == run.machine.old_master
+            && self.config_epoch <= run.machine.epoch
+        {
+            // Aborted before publication, after the fence was asked for:
+            // the group keeps its master, as Sentinel does, and the
+            // backends that were fenced (all or some) route to it again,
+            // with the fence's epoch. Left fenced, they stayed without a
+            // master until another failover, which never came once that
+            // master was back (an unplanned failover whose candidate
+            // could not be promoted; the chaos test with
+            // flush_on_failover). An aborted switchover's master serves
+            // again at once; an unplanned one's may still be down, as it
+            // was routed before the failover, and is failed over again
+            // after the back-off.
             self.adopt_master(
                 self.master.clone(),
                 run.machine.epoch,

@@ -35,6 +35,9 @@ pub(super) struct Instance {
     /// The IP its name resolved to when it was last reached.
     pub(super) ip: Option<IpAddr>,
     pub(super) role_changed_at: Option<Instant>,
+    /// When it turned from replica to master on one connection (a
+    /// promotion: a leader's, or by hand), until it reports another role.
+    pub(super) promoted_in_place_at: Option<Instant>,
     pub(super) last_action: Option<Instant>,
     pub(super) wrong_master_since: Option<Instant>,
     /// Its last reply was `-BUSY`: alive, but running a script.
@@ -349,6 +352,7 @@ impl Group {
                 info_at: None,
                 ip: addr.ip(),
                 role_changed_at: None,
+                promoted_in_place_at: None,
                 last_action: None,
                 wrong_master_since: None,
                 busy: false,
@@ -641,6 +645,12 @@ impl Group {
                 let old_role = inst.info.as_ref().map(|i| i.role);
                 if old_role != Some(info.role) {
                     inst.role_changed_at = Some(at);
+                    let same_connection =
+                        inst.info_at.is_some_and(|t| Some(t) >= inst.connected_at);
+                    inst.promoted_in_place_at = (old_role == Some(Role::Replica)
+                        && info.role == Role::Master
+                        && same_connection)
+                        .then_some(at);
                 }
                 // A new process since the last INFO (a full read: every
                 // new connection's first INFO is one).

@@ -17,6 +17,11 @@ use crate::probe::Role;
 use crate::quorum::table::PEER_TTL;
 use crate::resp::RespError;
 
+/// How long a replica promoted in place is left a master before this
+/// daemon takes it for a stray: two hello periods, for the leader's hello
+/// with the newer config to arrive even if one is lost.
+const PROMOTED_GRACE: Duration = Duration::from_secs(2);
+
 impl Group {
     /// Whether this daemon may reconfigure instances on its own: not in
     /// TILT, no election or failover, and its config confirmed by a
@@ -69,6 +74,8 @@ impl Group {
         // new config has not reached this daemon yet: demoting it would
         // undo the failover and trigger a second one.
         let master_sane = self.reports_master_now(&master);
+        let master_read_at = self.instances.get(&master).and_then(|i| i.info_at);
+        let mut reread_master = false;
         let intended = self.election.intended(self.config_epoch).cloned();
         // Unless announce_hostnames, a replica must follow the master by its
         // IP: a replica told a name resolves it on its own main thread at
@@ -100,11 +107,38 @@ impl Group {
                 continue;
             }
             match info.role {
-                // A returning old master (or any stray master): demote at
-                // once, before anything could route to it (invariant 6).
+                // A returning old master (or any stray master): demoted
+                // before anything could route to it (invariant 6), once
+                // the master was read as a master since this one turned
+                // master (read again now if not): a daemon that stalled, or
+                // whose probe of a dead master has not failed yet, holds a
+                // master's INFO from before. A replica promoted in place
+                // (not a server that came back as a master) is left
+                // PROMOTED_GRACE for a newer config to arrive: the
+                // leader's hello goes out at its publication and every
+                // second after. Demoting it before undid a failover this
+                // daemon had not heard of (the simulation with the
+                // network's faults, seed 37: a daemon of the old epoch
+                // demoted the replica just promoted, as the old master had
+                // come back, and the group never settled).
+                Role::Master
+                    if master_sane
+                        && inst
+                            .promoted_in_place_at
+                            .is_some_and(|t| now.saturating_duration_since(t) < PROMOTED_GRACE) => {
+                }
                 Role::Master if master_sane => {
-                    inst.last_action = Some(now);
-                    demote.push((inst.addr.clone(), info.flavour));
+                    let confirmed = match (inst.role_changed_at, master_read_at) {
+                        (Some(turned), Some(read)) => read >= turned,
+                        (None, read) => read.is_some(),
+                        (Some(_), None) => false,
+                    };
+                    if confirmed {
+                        inst.last_action = Some(now);
+                        demote.push((inst.addr.clone(), info.flavour));
+                    } else {
+                        reread_master = true;
+                    }
                 }
                 Role::Replica if master_up => {
                     let points_at = |(a, ip): &(Addr, Option<IpAddr>)| {
@@ -126,6 +160,9 @@ impl Group {
                 }
                 _ => {}
             }
+        }
+        if reread_master {
+            self.refresh_info(&master);
         }
         self.dirty |= !demote.is_empty() || !repoint.is_empty();
         for (addr, flavour) in demote {

@@ -613,6 +613,18 @@ impl Election {
         }
     }
 
+    /// The group adopted a config in `epoch` that names the master it
+    /// already had (a failover aborted after its fence, whose leader
+    /// routes the backends to the kept master again with the fence's
+    /// epoch). Only an intention of that epoch or an older one ends: the
+    /// master's ODOWN, if any, goes on, and so does a back-off, since no
+    /// failover ended with a new master.
+    pub fn on_master_kept(&mut self, epoch: u64) {
+        if self.intended.as_ref().is_some_and(|(e, _)| *e <= epoch) {
+            self.intended = None;
+        }
+    }
+
     /// A peer's newer config was adopted: this daemon's own election or
     /// failover is moot.
     pub fn abandon(&mut self) -> Vec<Action> {
