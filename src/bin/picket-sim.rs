@@ -6,8 +6,10 @@
 //! seed did.
 //!
 //! Fresh seeds for CI: without `--seed`, the first seed comes from the
-//! clock (and is printed); `--budget-secs` runs seeds until that much real
-//! time has passed.
+//! clock (and is printed); `--budget-cpu-secs` runs seeds until this
+//! process has used that much CPU time (the same count of schedules on a
+//! busy machine as on a quiet one), `--budget-secs` until that much real
+//! time has passed (whichever comes first when both are given).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +31,10 @@ struct Args {
     /// Stop starting new seeds after this many real seconds.
     #[arg(long)]
     budget_secs: Option<f64>,
+    /// Stop starting new seeds after this many seconds of this process's
+    /// CPU time.
+    #[arg(long)]
+    budget_cpu_secs: Option<f64>,
     /// Daemons (quorum: a majority).
     #[arg(long, default_value_t = 3)]
     daemons: usize,
@@ -100,12 +106,13 @@ fn main() -> anyhow::Result<()> {
             s
         }
     };
-    let count = match (args.seeds, args.budget_secs) {
+    let count = match (args.seeds, args.budget_secs.or(args.budget_cpu_secs)) {
         (Some(n), _) => n,
         (None, Some(_)) => u64::MAX,
         (None, None) => 1,
     };
     let budget = args.budget_secs.map(Duration::from_secs_f64);
+    let cpu_budget = args.budget_cpu_secs.map(Duration::from_secs_f64);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -113,7 +120,9 @@ fn main() -> anyhow::Result<()> {
     let start = Instant::now();
     let (mut ran, mut virtual_ms, mut failing, mut open) = (0u64, 0u64, Vec::new(), Vec::new());
     for seed in (0..count).map(|k| first.wrapping_add(k)) {
-        if budget.is_some_and(|b| start.elapsed() >= b) {
+        if budget.is_some_and(|b| start.elapsed() >= b)
+            || cpu_budget.is_some_and(|b| cpu_time() >= b)
+        {
             break;
         }
         let r = Run {
@@ -158,9 +167,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_time().as_secs_f64();
     println!(
         "{ran} schedules of {} daemons, {faults} faults{}, {:.1} virtual s each, in {secs:.1} s \
-         ({:.2} schedules/s); seeds {first}..{}; violations: {failing:?}{}",
+         ({cpu:.1} s of CPU; {:.2} schedules/s); seeds {first}..{}; violations: {failing:?}{}",
         args.daemons,
         if net.is_some() {
             ", network faults"
@@ -180,4 +190,13 @@ fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// The CPU time this process has used (user and system, every thread).
+fn cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
 }
