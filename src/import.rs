@@ -1181,6 +1181,7 @@ impl Plan {
                             .filter(|r| *r != a)
                             .map(|r| crate::addr::Addr::new(r.host.clone(), r.port))
                             .collect(),
+                        led_epoch: 0,
                     },
                 ))
             })

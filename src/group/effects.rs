@@ -395,6 +395,13 @@ impl Io {
                 fence,
                 deadline,
             } => {
+                // Recorded first: a leader killed between its fence and its
+                // publication routes the backends to the kept master again
+                // when it restarts (`start_config`). A refused write (a full
+                // disk) does not hold the failover back.
+                if let Err(e) = state.lead(group, epoch).await {
+                    tracing::warn!(%group, epoch, error = %e, "cannot record the failover's fence in the state file");
+                }
                 let r = self.discovery.fence(fence, deadline).await;
                 Some(Internal::Failover(epoch, Input::Fenced(r)))
             }

@@ -683,11 +683,23 @@ fn tick_period(cfg: &GroupConfig) -> Duration {
 /// The master and config epoch a group starts with: a persisted config
 /// (from a failover) wins over the initial master in the file; adopting it
 /// at start-up never flushes anything.
+/// The master and config epoch a group starts from: the persisted config
+/// (or the configured master). A daemon that fenced as the leader of a
+/// newer epoch ([`GroupRecord::led_epoch`]) was killed before that
+/// failover published (the config is persisted before it is published):
+/// its fence may still hold the backends, and no one else knows of it. It
+/// starts with the kept master at that epoch, as an aborted failover ends,
+/// so that its start-up publication, once that master answers as a
+/// master, routes the backends to it again. It alone led that epoch, so
+/// no other master can be published in it.
+///
+/// [`GroupRecord::led_epoch`]: crate::quorum::state::GroupRecord::led_epoch
 fn start_config(cfg: &GroupConfig, record: &crate::quorum::state::GroupRecord) -> (Addr, u64) {
-    match &record.master {
-        Some(m) if record.config_epoch > 0 => (m.clone(), record.config_epoch),
-        _ => (cfg.master.clone(), record.config_epoch),
-    }
+    let master = match &record.master {
+        Some(m) if record.config_epoch > 0 => m.clone(),
+        _ => cfg.master.clone(),
+    };
+    (master, record.config_epoch.max(record.led_epoch))
 }
 
 fn ms(d: Duration) -> u64 {

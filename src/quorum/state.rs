@@ -121,6 +121,17 @@ pub struct GroupRecord {
     /// comes back.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub known_replicas: Vec<Addr>,
+    /// The last epoch in which this daemon, as the elected leader, fenced
+    /// the old master (written before the fence). Above `config_epoch`
+    /// after a restart, that failover never published: its fence may hold
+    /// the backends, and only this daemon knows it (0: none; absent from
+    /// older files).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub led_epoch: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl GroupRecord {
@@ -454,6 +465,17 @@ impl StateStore {
             } else {
                 false
             }
+        })
+        .await
+    }
+
+    /// Record that this daemon, elected leader in `epoch`, fences the old
+    /// master now ([`GroupRecord::led_epoch`]); durable before it returns.
+    pub async fn lead(&self, group: &str, epoch: u64) -> Result<(), StateError> {
+        let group = group.to_string();
+        self.update(move |s| {
+            let g = s.groups.entry(group).or_default();
+            g.led_epoch = g.led_epoch.max(epoch);
         })
         .await
     }

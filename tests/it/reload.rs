@@ -73,6 +73,7 @@ fn sighup_adds_changes_and_removes_groups() {
                     voted_for: Some("reload-a".into()),
                     vote_promote: None,
                     known_replicas: Vec::new(),
+                    led_epoch: 0,
                 },
             ),
             (
@@ -84,6 +85,7 @@ fn sighup_adds_changes_and_removes_groups() {
                     voted_for: Some("reload-a".into()),
                     vote_promote: None,
                     known_replicas: Vec::new(),
+                    led_epoch: 0,
                 },
             ),
         ]),

@@ -181,6 +181,19 @@ impl Net {
         self.one_way.get(&(from, to)).is_some_and(|u| ms < *u)
     }
 
+    /// Whether daemons `i` and `j` hear each other at `ms` (neither
+    /// direction lost, neither process stalled).
+    pub(super) fn both_ways(&self, i: usize, j: usize, ms: u64) -> bool {
+        !self.lost(i, j, ms) && !self.lost(j, i, ms) && !self.stalled(i, ms) && !self.stalled(j, ms)
+    }
+
+    /// Whether server `a`'s replies reach daemon `i` at `ms`.
+    pub(super) fn hears_server(&self, i: usize, a: &Addr, ms: u64) -> bool {
+        self.server_lost
+            .get(&(i, a.clone()))
+            .is_none_or(|u| ms >= *u)
+    }
+
     /// The delivery step of a message sent at `ms`.
     fn arrival(&mut self, ms: u64) -> u64 {
         let max = self.faults.map_or(0, |f| f.delay_ms);

@@ -38,14 +38,19 @@ pub struct Outcome {
 /// Whether a violation is of a kind still open with the simulated
 /// network's faults (`--net`): a server that came back with less copied by
 /// its replicas (invariant 19), or a group that does not settle after the
-/// faults heal. Both hold without them (every seed swept); with one-way
-/// cuts, stalled daemons and lost replies a majority may not see the
-/// server come back in time, which the checker does not yet tell apart
-/// from a wrong decision (docs/reliability.md, "Simulation"). Every other
-/// invariant (one master per epoch, epochs, fence, publication, votes,
+/// faults heal (the daemons name different masters, or a server does not
+/// follow the one they agree on). Both hold without them (every seed
+/// swept). With them, the checker counts invariant 19 only while a
+/// majority can watch the server (one-way cuts, stalls and lost replies
+/// included), and still finds seeds of both kinds (about 5 % of seeds of
+/// three daemons, docs/reliability.md, "Simulation"), not yet told apart
+/// from the checker's own limits. Every other invariant (one master per
+/// epoch, epochs, fence, publication, the backend's routing, votes,
 /// leaders, selection) is never known open.
 pub fn known_open_with_net(violation: &str) -> bool {
-    violation.contains(" ms: invariant 19: ") || violation.starts_with("not settled ")
+    violation.contains(" ms: invariant 19: ")
+        || violation.starts_with("not settled ")
+        || (violation.starts_with("settled on ") && violation.ends_with(" do not follow it"))
 }
 
 impl Run {
