@@ -76,6 +76,16 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // The daemons' own logs, with each one's number and virtual time, for
+    // a replay: RUST_LOG=picket=info (nothing without it).
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .without_time()
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     if args.daemons == 0 {
         bail!("--daemons must be at least 1");
     }
