@@ -36,7 +36,7 @@ pub(super) struct ReplicaSet<'a> {
 }
 
 impl<'a> ReplicaSet<'a> {
-    fn new(
+    pub(super) fn new(
         instances: &'a std::collections::BTreeMap<Addr, Box<Instance>>,
         master: &'a Addr,
         cfg: &crate::config::GroupConfig,

@@ -18,9 +18,15 @@ use crate::quorum::table::PEER_TTL;
 use crate::resp::RespError;
 
 /// How long a replica promoted in place is left a master before this
-/// daemon takes it for a stray: two hello periods, for the leader's hello
-/// with the newer config to arrive even if one is lost.
-const PROMOTED_GRACE: Duration = Duration::from_secs(2);
+/// daemon takes it for a stray: four hello periods, as Sentinel waits four
+/// publish periods before it converts a replica that turned master, for
+/// the leader's hello with the newer config to arrive through a lost
+/// message or two, a stalled daemon or a link down one way for a moment.
+/// With two, a daemon that had not heard the leader for 2 s demoted the
+/// master of the newer config, and the daemons never agreed again: the
+/// others do not adopt a config whose master reports `role:slave` (the
+/// simulation with the network's faults, seed 176).
+const PROMOTED_GRACE: Duration = Duration::from_secs(4);
 
 impl Group {
     /// Whether this daemon may reconfigure instances on its own: not in

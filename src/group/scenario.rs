@@ -36,6 +36,7 @@ use crate::events::Events;
 use crate::failover::machine::Input;
 use crate::probe::info::{Role, parse_info};
 use crate::probe::{Failure, ProbeEvent};
+use crate::quorum::election::Replicas;
 use crate::quorum::peers::{Hello, HelloGroup, IsDownReply};
 use crate::quorum::state::StateStore;
 use crate::quorum::table::PeerTable;
@@ -772,6 +773,8 @@ impl Sim {
         let Some((priority, Some(offset))) = seen(candidate) else {
             return;
         };
+        let eligible =
+            super::election::ReplicaSet::new(&g.instances, &g.master, &g.cfg, self.now());
         let ahead: Vec<String> = self
             .servers
             .0
@@ -783,14 +786,11 @@ impl Sim {
                     .is_some_and(|c| c.replid == s.replid)
             })
             .filter(|s| !self.cut_server.contains(&(i, s.addr.clone())))
-            // Only a replica the daemon could choose: up and read lately in
-            // its own view (the network may have lost its replies, and what
-            // it read before is stale).
-            .filter(|s| {
-                g.instances
-                    .get(&s.addr)
-                    .is_some_and(|x| x.fresh() && !x.sdown.is_down())
-            })
+            // Only a replica the daemon could choose by its own rules (up,
+            // read lately, not in a restarted master's history, ...): the
+            // network may have lost its replies, and the exclusions have
+            // tests of their own; this checks the ranking among the rest.
+            .filter(|s| eligible.eligible(&s.addr))
             .filter_map(|s| {
                 let (p, o) = seen(&s.addr)?;
                 (p == priority && o.is_some_and(|o| o > offset)).then(|| s.addr.to_string())
@@ -1493,7 +1493,7 @@ async fn a_daemon_restarted_after_its_vote_still_knows_the_replica_being_promote
 }
 
 /// A replica promoted in place (here by hand, the master alive) is left
-/// two hello periods for a newer config to arrive, then demoted as a stray;
+/// four hello periods for a newer config to arrive, then demoted as a stray;
 /// found with the network's faults (seed 37): a daemon of the old epoch
 /// demoted the replica a leader had just promoted.
 #[tokio::test]
@@ -1502,11 +1502,11 @@ async fn a_replica_promoted_in_place_is_demoted_only_after_the_grace() {
     sim.run_for(2_000).await;
     let promoted_at = sim.ms;
     sim.servers.get_mut(&addr(7002)).master = None;
-    sim.run_for(3_000).await;
+    sim.run_for(5_000).await;
     let demote = sim.at("demote 127.0.0.1:7002 to 127.0.0.1:7000");
     let after = sim.trace[demote].0 - promoted_at;
     assert!(
-        (2_000..3_000).contains(&after),
+        (4_000..5_000).contains(&after),
         "demoted {after} ms after its promotion: {:#?}",
         sim.trace
     );
