@@ -682,9 +682,7 @@ fn tick_period(cfg: &GroupConfig) -> Duration {
 
 /// The master and config epoch a group starts with: a persisted config
 /// (from a failover) wins over the initial master in the file; adopting it
-/// at start-up never flushes anything.
-/// The master and config epoch a group starts from: the persisted config
-/// (or the configured master). A daemon that fenced as the leader of a
+/// at start-up never flushes anything. A daemon that fenced as the leader of a
 /// newer epoch ([`GroupRecord::led_epoch`]) was killed before that
 /// failover published (the config is persisted before it is published):
 /// its fence may still hold the backends, and no one else knows of it. It

@@ -687,6 +687,14 @@ impl Sim {
         self.emptied_ms.insert(a.clone(), (self.ms, alive));
     }
 
+    /// The replicas 7001 and 7002 refuse writes (`-MISCONF`), or no more.
+    #[cfg(test)]
+    fn set_misconf(&mut self, on: bool) {
+        for p in [7001, 7002] {
+            self.servers.get_mut(&addr(p)).misconf = on;
+        }
+    }
+
     /// Whether a majority of the daemons can watch server `a` and decide
     /// now: each up, running (not stalled), hearing `a`'s replies, and
     /// hearing both ways a majority of the daemons (itself included) that
@@ -1283,16 +1291,21 @@ async fn a_daemon_cut_off_from_the_others_never_fails_over_alone() {
     sim.assert_no_violation();
 }
 
-#[tokio::test]
-async fn a_failover_aborted_after_its_fence_routes_the_kept_master_again() {
+/// One daemon with flush_on_failover, its master killed and both
+/// replicas refusing writes (-MISCONF): every promotion's FLUSHALL fails,
+/// and the failover aborts at failover_timeout, after its fence.
+#[cfg(test)]
+async fn master_killed_with_misconf_replicas() -> Sim {
     let mut sim = Sim::with_group(1, 1, 1, "flush_on_failover = true\n");
     sim.run_for(2_000).await;
-    // Both replicas refuse writes (-MISCONF): every promotion's FLUSHALL
-    // fails, and the failover aborts at failover_timeout, after its fence.
-    for p in [7001, 7002] {
-        sim.servers.get_mut(&addr(p)).misconf = true;
-    }
+    sim.set_misconf(true);
     sim.servers.get_mut(&addr(7000)).alive = false;
+    sim
+}
+
+#[tokio::test]
+async fn a_failover_aborted_after_its_fence_routes_the_kept_master_again() {
+    let mut sim = master_killed_with_misconf_replicas().await;
     sim.run_for(12_000).await;
     let (fence, promote) = (sim.at("fence"), sim.at("promote"));
     assert!(fence < promote, "{:#?}", sim.trace);
@@ -1314,9 +1327,7 @@ async fn a_failover_aborted_after_its_fence_routes_the_kept_master_again() {
     // group keeps it, clients are routed to it, and the replica promoted
     // without its flush follows it again.
     sim.servers.get_mut(&addr(7000)).alive = true;
-    for p in [7001, 7002] {
-        sim.servers.get_mut(&addr(p)).misconf = false;
-    }
+    sim.set_misconf(false);
     sim.run_for(5_000).await;
     assert_eq!(sim.daemons[0].g.master, addr(7000), "{:#?}", sim.trace);
     assert_eq!(sim.routing.1, Some(addr(7000)));
@@ -1338,20 +1349,13 @@ async fn a_failover_aborted_after_its_fence_routes_the_kept_master_again() {
 /// seeds 356 and 442).
 #[tokio::test]
 async fn a_leader_killed_after_its_fence_routes_the_kept_master_again_when_it_restarts() {
-    let mut sim = Sim::with_group(1, 1, 1, "flush_on_failover = true\n");
-    sim.run_for(2_000).await;
-    for p in [7001, 7002] {
-        sim.servers.get_mut(&addr(p)).misconf = true;
-    }
-    sim.servers.get_mut(&addr(7000)).alive = false;
+    let mut sim = master_killed_with_misconf_replicas().await;
     sim.run_for(2_000).await;
     sim.at("fence 127.0.0.1:7000 at 1");
     assert_eq!(sim.routing, (1, None), "{:#?}", sim.trace);
     sim.crash(0);
     sim.servers.get_mut(&addr(7000)).alive = true;
-    for p in [7001, 7002] {
-        sim.servers.get_mut(&addr(p)).misconf = false;
-    }
+    sim.set_misconf(false);
     sim.run_for(1_000).await;
     sim.restart(0);
     sim.run_for(3_000).await;

@@ -608,9 +608,7 @@ impl Election {
                 until: until.min(now + self.settings.down_after),
             };
         }
-        if self.intended.as_ref().is_some_and(|(e, _)| *e <= epoch) {
-            self.intended = None;
-        }
+        self.on_master_kept(epoch);
     }
 
     /// The group adopted a config in `epoch` that names the master it
