@@ -343,18 +343,22 @@ impl Group {
     /// Adopt a newer config a peer announced (already checked).
     fn adopt_from_peer(&mut self, from: &str, group: HelloGroup) {
         tracing::info!(group = %self.cfg.name, from = %from, epoch = group.config_epoch, master = %group.master, "adopting a newer config from a peer");
-        if let Some(run) = self.failover.take() {
+        let abandoned = self.failover.take().map(|run| {
             tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, "a newer config exists; abandoning this failover");
-        }
+            run.machine.epoch
+        });
         let actions = self.election.abandon();
         self.run_election_actions(self.now, actions);
+        // This daemon's failover may have fenced the backends at its own
+        // epoch, above the config it adopts (a voter that had not heard
+        // the older epoch's leader yet elected this daemon too): the
+        // peer's master is published at the fence's epoch, or every
+        // backend would refuse it and stay without a master (the chaos
+        // test with isolation fencing, seed 1592590344). No other daemon
+        // can publish at that epoch: this one won it.
+        let epoch = abandoned.map_or(group.config_epoch, |e| e.max(group.config_epoch));
         let old = self.master.clone();
-        self.adopt_master(
-            group.master,
-            group.config_epoch,
-            Reporter::Observer,
-            Some(from),
-        );
+        self.adopt_master(group.master, epoch, Reporter::Observer, Some(from));
         let topology = self.topology(Reporter::Observer, self.replaced(old));
         self.persist_and_publish(topology, false);
     }
