@@ -307,8 +307,18 @@ impl Group {
         reply: oneshot::Sender<Result<IsDownReply, StateError>>,
     ) {
         let tilt = self.ctx.tilt.active(now);
-        let down = !tilt && q.master == self.master && self.master_sdown();
-        let work = if may_vote(&q, &self.master, self.config_epoch) {
+        // The master of a newer config than this daemon's (one it has not
+        // adopted) is down to it when it is down or no master at all.
+        let newer_down = q.master != self.master
+            && q.config_epoch > self.config_epoch
+            && self.not_a_master_now(&q.master);
+        let down = !tilt
+            && if q.master == self.master {
+                self.master_sdown()
+            } else {
+                newer_down
+            };
+        let work = if may_vote(&q, &self.master, self.config_epoch, newer_down) {
             Work::Vote {
                 query: q,
                 down,

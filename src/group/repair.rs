@@ -63,6 +63,15 @@ impl Group {
             .is_some_and(|i| i.fresh() && i.info.as_ref().is_some_and(|x| x.role == Role::Master))
     }
 
+    /// `addr` is down, or reports `role:slave` on an INFO read on its
+    /// current connection.
+    pub(super) fn not_a_master_now(&self, addr: &Addr) -> bool {
+        self.instances.get(addr).is_some_and(|i| {
+            i.sdown.is_down()
+                || (i.fresh() && i.info.as_ref().is_some_and(|x| x.role == Role::Replica))
+        })
+    }
+
     pub(super) fn check_topology(&mut self, now: Instant) {
         if !self.may_reconfigure(now) {
             return;

@@ -996,6 +996,19 @@ impl Sim {
             .unwrap_or_else(|| panic!("no {what:?} in the trace: {:#?}", self.trace))
     }
 
+    /// Run in steps of 10 ms (3 s at most) until a daemon asks for a
+    /// promotion; that daemon (a failure when none does).
+    #[cfg(test)]
+    async fn run_until_promotion(&mut self) -> usize {
+        for _ in 0..300 {
+            self.run_for(10).await;
+            if let Some((_, i, _)) = self.trace.iter().find(|(_, _, w)| w.starts_with("promote")) {
+                return *i;
+            }
+        }
+        panic!("no promotion within 3 s: {:#?}", self.trace)
+    }
+
     /// The master every up daemon names, if they agree.
     fn agreed_master(&self) -> Option<Addr> {
         let mut up = self.daemons.iter().filter(|d| d.up).map(|d| &d.g.master);
@@ -1581,17 +1594,24 @@ async fn every_planted_bug_is_caught_by_the_simulation() {
         plant(Some(m));
         let start = std::time::Instant::now();
         let mut caught = None;
-        for seed in 1..=BUDGET {
-            // Five daemons: split votes, whose old votes a bug could count,
-            // need more than three.
-            let mut sim = Sim::new(5, 3, seed);
-            // Equal priorities: selection then goes by offset.
-            sim.servers.get_mut(&addr(7001)).priority = 100;
-            sim.run_for(2_000).await;
-            sim.chaos(20).await;
-            if let Some(v) = sim.violations.first() {
-                caught = Some((seed, v.clone()));
-                break;
+        'seeds: for seed in 1..=BUDGET {
+            // Each seed without and with the network's faults (split votes
+            // come more often with them).
+            for with_net in [false, true] {
+                // Five daemons: split votes, whose old votes a bug could
+                // count, need more than three.
+                let mut sim = Sim::new(5, 3, seed);
+                if with_net {
+                    sim.net = net::Net::new(Some(net::NetFaults::all()), seed);
+                }
+                // Equal priorities: selection then goes by offset.
+                sim.servers.get_mut(&addr(7001)).priority = 100;
+                sim.run_for(2_000).await;
+                sim.chaos(20).await;
+                if let Some(v) = sim.violations.first() {
+                    caught = Some((seed, v.clone()));
+                    break 'seeds;
+                }
             }
         }
         plant(None);
@@ -1643,19 +1663,7 @@ async fn a_failover_abandoned_for_an_older_epochs_config_routes_that_master() {
     sim.servers.get_mut(&addr(7000)).alive = false;
     // The first leader is cut off from the others once it promotes: its
     // voters never hear its config.
-    let mut leader = None;
-    for _ in 0..300 {
-        sim.run_for(10).await;
-        leader = sim
-            .trace
-            .iter()
-            .find(|(_, _, w)| w.starts_with("promote"))
-            .map(|(_, i, _)| *i);
-        if leader.is_some() {
-            break;
-        }
-    }
-    let leader = leader.expect("a first failover");
+    let leader = sim.run_until_promotion().await;
     for j in 0..3 {
         if j != leader {
             sim.cut_daemons.insert((leader, j));
@@ -1693,6 +1701,67 @@ async fn a_failover_abandoned_for_an_older_epochs_config_routes_that_master() {
     sim.run_for(3_000).await;
     for d in &sim.daemons {
         assert_eq!((&d.g.master, d.g.config_epoch), (&addr(7001), 2));
+    }
+    sim.assert_no_violation();
+}
+
+/// A daemon whose newer config the others refused, as its master no
+/// longer reports `role:master` (a daemon that had not heard of that
+/// config demoted it as a stray), gets their votes to fail that master
+/// over, and the group agrees again (the simulation with the network's
+/// faults, seeds 234, 271 and 374: the group stayed split for good).
+#[tokio::test]
+async fn a_leader_whose_config_was_refused_fails_its_master_over_with_the_others_votes() {
+    let mut sim = Sim::new(3, 2, 5);
+    sim.run_for(3_050).await;
+    // Daemon 2 hears neither the others nor the master: 0 and 1 fail
+    // over without it.
+    sim.cut_daemons.extend([(2, 0), (2, 1)]);
+    sim.cut_server.insert((2, addr(7000)));
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    let leader = sim.run_until_promotion().await;
+    assert!(leader < 2);
+    // Then the leader is cut off from both others and from the old
+    // master, which comes back with its data: to daemon 2 the replica
+    // promoted in place is a stray, demoted after the grace.
+    sim.cut_daemons.clear();
+    sim.cut_server.clear();
+    sim.cut_daemons.extend([(leader, 1 - leader), (leader, 2)]);
+    sim.cut_server.insert((leader, addr(7000)));
+    sim.servers.get_mut(&addr(7000)).alive = true;
+    sim.run_for(6_000).await;
+    sim.at("demote 127.0.0.1:7001 to 127.0.0.1:7000");
+    assert_eq!(
+        (
+            &sim.daemons[leader].g.master,
+            sim.daemons[leader].g.config_epoch
+        ),
+        (&addr(7001), 1),
+        "{:#?}",
+        sim.trace
+    );
+    // Healed: the others refuse the leader's config, whose master reports
+    // role:slave; the leader fails it over with their votes.
+    sim.cut_daemons.clear();
+    sim.cut_server.clear();
+    sim.run_for(8_000).await;
+    for d in &sim.daemons {
+        assert_eq!(
+            (&d.g.master, d.g.config_epoch),
+            (&addr(7000), 2),
+            "{}: {:#?}",
+            d.ctx.id,
+            sim.trace
+        );
+    }
+    assert_eq!(sim.routing, (2, Some(addr(7000))), "{:#?}", sim.trace);
+    for p in [7001, 7002] {
+        assert_eq!(
+            sim.servers.get(&addr(p)).and_then(|s| s.master.clone()),
+            Some(addr(7000)),
+            "{p}: {:#?}",
+            sim.trace
+        );
     }
     sim.assert_no_violation();
 }

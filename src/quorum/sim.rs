@@ -337,7 +337,7 @@ impl Sim {
                 let down = n.master_sdown && q.master == master_of(n.config_epoch);
                 let before = (n.current_epoch, n.record.vote_epoch);
                 let mut acts = Vec::new();
-                let vote = if may_vote(&q, &master_of(n.config_epoch), n.config_epoch) {
+                let vote = if may_vote(&q, &master_of(n.config_epoch), n.config_epoch, false) {
                     let cand = q.candidate.clone().unwrap_or_default();
                     let (v, _) = cast_vote(&mut n.current_epoch, &mut n.record, q.epoch, &cand);
                     let now = self.base + Duration::from_millis(self.now_ms);

@@ -9,8 +9,20 @@ use crate::quorum::peers::IsDownQuery;
 /// Whether a vote request may be considered at all: the asker means this
 /// daemon's master and is not behind its config. A candidate with a stale
 /// view would promote a replica of a master that is no longer current.
-pub fn may_vote(q: &IsDownQuery, master: &Addr, config_epoch: u64) -> bool {
-    q.candidate.is_some() && q.master == *master && q.config_epoch >= config_epoch
+///
+/// One exception: an asker whose config is newer than this daemon's, and
+/// whose master this daemon sees down or reporting `role:slave`
+/// (`its_master_down`). That is a config this daemon refused to adopt, as
+/// its master no longer reports `role:master` (a daemon that had not heard
+/// of it demoted that master as a stray): refusing the vote as well left
+/// the group split for good, the newer config's leader unable to fail its
+/// master over and the others unwilling to adopt it (the simulation with
+/// the network's faults, seeds 234, 271 and 374). Sentinel votes on the
+/// epoch alone.
+pub fn may_vote(q: &IsDownQuery, master: &Addr, config_epoch: u64, its_master_down: bool) -> bool {
+    q.candidate.is_some()
+        && ((q.master == *master && q.config_epoch >= config_epoch)
+            || (q.config_epoch > config_epoch && its_master_down))
 }
 
 /// A daemon's vote in one group, as persisted.
@@ -114,14 +126,26 @@ mod tests {
             candidate: Some("b".into()),
             promote: None,
         };
-        assert!(may_vote(&q, &a(1), 3));
-        assert!(may_vote(&q, &a(1), 2));
-        assert!(!may_vote(&q, &a(1), 4), "behind this daemon's config");
-        assert!(!may_vote(&q, &a(2), 3), "another master");
+        assert!(may_vote(&q, &a(1), 3, false));
+        assert!(may_vote(&q, &a(1), 2, false));
+        assert!(
+            !may_vote(&q, &a(1), 4, false),
+            "behind this daemon's config"
+        );
+        assert!(!may_vote(&q, &a(2), 3, false), "another master");
+        assert!(!may_vote(&q, &a(2), 3, true), "another master, same epoch");
+        assert!(
+            !may_vote(&q, &a(2), 2, false),
+            "another master, of a newer config, that is a master"
+        );
+        assert!(
+            may_vote(&q, &a(2), 2, true),
+            "the master of a newer config, down or a replica to this daemon"
+        );
         let q = IsDownQuery {
             candidate: None,
             ..q
         };
-        assert!(!may_vote(&q, &a(1), 3), "not a vote request");
+        assert!(!may_vote(&q, &a(1), 3, true), "not a vote request");
     }
 }
