@@ -123,9 +123,10 @@ impl Group {
             Reporter::Leader => Duration::ZERO,
             Reporter::Observer => members::RANK_STEP * (1 + self.rank() as u32),
         };
+        self.persisted_known = self.known_servers();
         self.effects.run(Work::PersistAndPublish {
             topology,
-            known: self.known_servers(),
+            known: self.persisted_known.clone(),
             wait,
             deadline,
             machine,
@@ -179,11 +180,35 @@ impl Group {
         if !self.config_unpersisted || self.config_persisting {
             return;
         }
+        self.write_config();
+    }
+
+    /// Write the servers the group knows again when they changed since the
+    /// config was written (a replica learnt from the master's INFO after
+    /// the failover, one forgotten), as Sentinel rewrites its config when
+    /// it finds a replica. A daemon restarted later probes them from the
+    /// start: without them, one that restarted while the master it knew was
+    /// dead never heard of a replica that followed that master, and the
+    /// failover it then led left that replica behind (the simulation with
+    /// the network's faults, seed 535).
+    pub(super) fn persist_known_servers(&mut self) {
+        if self.config_unpersisted || self.config_persisting {
+            return;
+        }
+        if self.known_servers() == self.persisted_known {
+            return;
+        }
+        self.write_config();
+    }
+
+    /// Write the current config, with the servers known now.
+    fn write_config(&mut self) {
         self.config_persisting = true;
+        self.persisted_known = self.known_servers();
         self.effects.run(Work::PersistConfig {
             epoch: self.config_epoch,
             master: self.master.clone(),
-            known: self.known_servers(),
+            known: self.persisted_known.clone(),
         });
     }
 

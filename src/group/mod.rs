@@ -229,6 +229,9 @@ struct Group {
     published_epoch: Option<u64>,
     /// The current config is served from memory only: persisting it failed.
     config_unpersisted: bool,
+    /// The servers besides the master last written to the state file
+    /// (`known_replicas`), to write them again when the set changes.
+    persisted_known: Vec<Addr>,
     /// A write of the current config is under way.
     config_persisting: bool,
     /// The master has reported `role:slave` for too long.
@@ -362,6 +365,7 @@ impl Group {
             unix_now,
             published_epoch: None,
             config_unpersisted: false,
+            persisted_known: Vec::new(),
             config_persisting: false,
             master_role_down: false,
             master_since: now,
@@ -444,6 +448,7 @@ impl Group {
         for r in known.iter().filter(|r| **r != master) {
             self.ensure_instance(r);
         }
+        self.persisted_known = known.iter().filter(|r| **r != master).cloned().collect();
     }
 
     fn emit(&self, kind: EventKind, detail: &Detail) {
@@ -628,6 +633,7 @@ impl Group {
         if now.saturating_duration_since(self.last_export) >= Duration::from_secs(1) {
             self.last_export = now;
             self.retry_persist_config();
+            self.persist_known_servers();
             // A peer's newer config whose check failed is tried again.
             self.check_peer_configs(now);
             self.export_instance_gauges(now);

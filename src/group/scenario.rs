@@ -1765,3 +1765,28 @@ async fn a_leader_whose_config_was_refused_fails_its_master_over_with_the_others
     }
     sim.assert_no_violation();
 }
+
+/// The replicas learnt from the master's INFO are written to the state
+/// file once learnt, not only with the next config: a daemon restarted
+/// while the master is down (nothing to learn them from) still knows
+/// them and fails over (the simulation with the network's faults, seed
+/// 535: a replica a restarted leader had never heard of was left behind).
+#[tokio::test]
+async fn a_daemon_restarted_while_the_master_is_down_still_knows_its_replicas() {
+    let mut sim = Sim::new(1, 1, 1);
+    sim.run_for(2_000).await;
+    assert_eq!(
+        sim.daemons[0].ctx.state.group("g").known_replicas,
+        vec![addr(7001), addr(7002)],
+        "{:#?}",
+        sim.trace
+    );
+    sim.crash(0);
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    sim.run_for(500).await;
+    sim.restart(0);
+    sim.run_for(3_000).await;
+    assert_eq!(sim.daemons[0].g.master, addr(7001), "{:#?}", sim.trace);
+    sim.at("repoint 127.0.0.1:7002 to 127.0.0.1:7001");
+    sim.assert_no_violation();
+}

@@ -441,7 +441,8 @@ impl StateStore {
     /// Record a group's new config (master chosen in `config_epoch`) if it is
     /// newer than the recorded one, with the other servers the group knows
     /// (`known`: kept as [`GroupRecord::known_replicas`]). Returns whether
-    /// it was adopted.
+    /// it was adopted; the recorded config itself again only updates the
+    /// servers known.
     pub async fn set_config(
         &self,
         group: &str,
@@ -463,6 +464,10 @@ impl StateStore {
                 g.master = Some(master);
                 true
             } else {
+                // The same config with the servers known since.
+                if config_epoch == g.config_epoch && g.master.as_ref() == Some(&master) {
+                    g.known_replicas = known.into_iter().filter(|a| *a != master).collect();
+                }
                 false
             }
         })
