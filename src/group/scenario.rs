@@ -703,12 +703,16 @@ impl Sim {
     fn majority_watches(&self, a: &Addr) -> bool {
         let n = self.daemons.len();
         let ms = self.ms;
+        let now = self.now();
         let running = |i: usize| self.daemons[i].up && !self.net.stalled(i, ms);
+        // A daemon in TILT neither decides nor answers that a server is
+        // down (after a stall, for max(3 × down_after, 3 s)).
+        let deciding = |i: usize| running(i) && !self.daemons[i].ctx.tilt.active(now);
         let hear = |i: usize, j: usize| {
             i == j || (!self.cut(i, j) && running(j) && self.net.both_ways(i, j, ms))
         };
         let watching = (0..n)
-            .filter(|&i| running(i) && !self.cut_server.contains(&(i, a.clone())))
+            .filter(|&i| deciding(i) && !self.cut_server.contains(&(i, a.clone())))
             .filter(|&i| self.net.hears_server(i, a, ms))
             .filter(|&i| (0..n).filter(|&j| hear(i, j)).count() > n / 2)
             .count();
