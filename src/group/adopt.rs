@@ -314,17 +314,15 @@ impl Group {
     /// master: a peer that lies about an epoch (or a corrupt hello)
     /// changes nothing.
     pub(super) fn check_peer_configs(&mut self, _now: Instant) {
-        let newest = {
-            let table = self.peer_rx.borrow_and_update();
-            table
-                .iter()
-                .filter_map(|e| {
-                    let g = e.group(&self.cfg.name)?;
-                    let from = e.id.clone()?;
-                    (g.config_epoch > self.config_epoch).then(|| (from, g.clone()))
-                })
-                .max_by_key(|(_, g)| g.config_epoch)
-        };
+        let newest = self
+            .peers
+            .iter()
+            .filter_map(|e| {
+                let g = e.group(&self.cfg.name)?;
+                let from = e.id.clone()?;
+                (g.config_epoch > self.config_epoch).then(|| (from, g.clone()))
+            })
+            .max_by_key(|(_, g)| g.config_epoch);
         let Some((from, group)) = newest else {
             return;
         };

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::effects::{Effects, Internal};
-use super::{Group, GroupError, GroupHandle, GroupMsg, Woken, client_options};
+use super::{Group, GroupError, GroupHandle, GroupMsg, GroupView, Woken, client_options};
 use crate::config::GroupConfig;
 use crate::context::DaemonCtx;
 use crate::discovery::memory::MemoryBackend;
@@ -100,9 +100,12 @@ pub fn spawn(
             }
         });
     }
+    // The views go out on a watch channel: the API and the hellos read
+    // the newest, and a burst of changes is read once.
+    let view_tx = watch::Sender::new(g.view.clone());
     let handle = GroupHandle {
         tx,
-        view: g.view_tx.subscribe(),
+        view: view_tx.subscribe(),
         cancel,
     };
     tracing::info!(group = %g.cfg.name, master = %g.master, config_epoch = g.config_epoch, "monitoring group");
@@ -112,7 +115,7 @@ pub fn spawn(
     // Boxed: an async fn keeps its arguments and the locals they are moved
     // into side by side, and the group (2 KiB) was stored twice in every
     // group's task.
-    tasks.spawn(run(Box::new(g), rx, probe_rx, internal_rx));
+    tasks.spawn(run(Box::new(g), view_tx, rx, probe_rx, internal_rx));
     Ok(handle)
 }
 
@@ -128,6 +131,7 @@ async fn peers_changed(
 /// The task: handle one thing at a time, to completion.
 pub(super) async fn run(
     mut g: Box<Group>,
+    view_tx: watch::Sender<Arc<GroupView>>,
     mut rx: mpsc::Receiver<Box<GroupMsg>>,
     mut probe_rx: mpsc::Receiver<Box<ProbeEvent>>,
     mut internal_rx: mpsc::Receiver<Box<Internal>>,
@@ -146,7 +150,7 @@ pub(super) async fn run(
     // Kept across iterations, as the timer below: a change notification
     // (and a timer) made anew at every message were registered and freed
     // a thousand times a second with a thousand instances.
-    let peers_changed = peers_changed(g.peer_rx.clone());
+    let peers_changed = peers_changed(g.ctx.peer_table.subscribe());
     tokio::pin!(peers_changed);
     let mut peers_open = true;
     let sleep = tokio::time::sleep_until(next_tick);
@@ -156,6 +160,7 @@ pub(super) async fn run(
     let mut cadence_due = true;
     g.now = Instant::now();
     g.unix_now = unix_now();
+    g.peers = g.ctx.peer_table.snapshot();
     g.sync_liveness();
     loop {
         let mut wake = g.next_wake(next_tick);
@@ -182,6 +187,7 @@ pub(super) async fn run(
         };
         g.now = Instant::now();
         g.unix_now = unix_now();
+        g.peers = g.ctx.peer_table.snapshot();
         let timer = matches!(woken, Woken::Timer);
         cadence_due |= g.on_wake(woken);
         if timer {
@@ -203,6 +209,7 @@ pub(super) async fn run(
         let since = now.duration_since(last_view);
         if g.urgent || (g.dirty && since >= VIEW_MIN_GAP) || since >= VIEW_REFRESH {
             g.publish_view();
+            view_tx.send_replace(g.view.clone());
             if g.urgent {
                 // The hello is built from the published views: asked for
                 // before this publication (a new master, SDOWN), it may

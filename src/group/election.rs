@@ -161,7 +161,7 @@ impl Group {
         {
             return;
         }
-        let reported = self.peer_rx.borrow().iter().any(|e| {
+        let reported = self.peers.iter().any(|e| {
             e.group(&self.cfg.name)
                 .is_some_and(|g| g.sdown && g.master == self.master)
         });
@@ -239,6 +239,9 @@ impl Group {
         match result {
             Ok(r) => {
                 self.ctx.peer_table.mark_seen(peer, at);
+                // The answer counts as the peer's liveness at once (the
+                // rank and the reachable daemons the election reads).
+                self.peers = self.ctx.peer_table.snapshot();
                 self.step_election(now, |e, o| e.on_answer(o, peer, epoch, at, &r));
             }
             Err(e) => {
@@ -365,8 +368,7 @@ impl Group {
     /// Daemons reachable now, this one included.
     pub(super) fn reachable_daemons(&self, now: Instant) -> usize {
         1 + self
-            .peer_rx
-            .borrow()
+            .peers
             .iter()
             .filter(|e| e.reachable(now, PEER_TTL))
             .count()

@@ -254,10 +254,7 @@ impl Group {
     /// published view) and each peer's from a fresh hello about the same
     /// master and config epoch. Peers that send no sight do not count.
     fn fence_sights(&self, now: Instant) -> Vec<(String, Sight)> {
-        let own = {
-            let v = self.view_tx.borrow();
-            (v.master == self.master).then(|| replica_sight(&v))
-        };
+        let own = (self.view.master == self.master).then(|| replica_sight(&self.view));
         let mut out = Vec::new();
         if let Some(replicas) = own {
             out.push((
@@ -268,7 +265,7 @@ impl Group {
                 },
             ));
         }
-        for e in self.peer_rx.borrow().iter() {
+        for e in self.peers.iter() {
             if !e.hello_within(now, PEER_TTL) {
                 continue;
             }

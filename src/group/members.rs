@@ -148,8 +148,7 @@ impl Group {
     pub(super) fn rank(&self) -> usize {
         let now = self.now;
         let me = self.ctx.announce.as_str();
-        self.peer_rx
-            .borrow()
+        self.peers
             .iter()
             .filter(|p| p.reachable(now, crate::quorum::table::PEER_TTL))
             .filter(|p| p.addr.as_str() < me)

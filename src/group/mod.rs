@@ -35,7 +35,10 @@
 //! asked for it (the failover machine's inputs carry its epoch, so a
 //! result of an abandoned failover is dropped). Every such task ends with
 //! the group. Only the driver and the executor read the clock or start a
-//! task.
+//! task, and only the driver holds the group's channels: it reads the peer
+//! table into the group before each wake-up (the peers' liveness changes
+//! without a notification) and hands the view the group built to the API
+//! and the hellos on a `watch`.
 
 mod adopt;
 mod driver;
@@ -196,8 +199,13 @@ struct Group {
     discovery: Arc<DiscoveryRunner>,
     recorders: Vec<MemoryBackend>,
     effects: Effects,
-    view_tx: watch::Sender<Arc<GroupView>>,
-    peer_rx: watch::Receiver<PeerSnapshot>,
+    /// The view built last ([`Group::publish_view`]); the driver hands it
+    /// to the API and the hellos.
+    view: Arc<GroupView>,
+    /// The peer table as the driver read it before this wake-up. The
+    /// driver reads it again before every one: the peers' liveness changes
+    /// without a notification, only their configs wake the group.
+    peers: PeerSnapshot,
 
     master: Addr,
     config_epoch: u64,
@@ -328,15 +336,15 @@ impl Group {
             client,
             discovery,
             recorders,
-            view_tx: watch::Sender::new(Arc::new(GroupView::placeholder(
+            view: Arc::new(GroupView::placeholder(
                 &cfg,
                 &master,
                 config_epoch,
                 ctx.daemons(),
                 &ctx.peer_table.snapshot(),
                 now,
-            ))),
-            peer_rx: ctx.peer_table.subscribe(),
+            )),
+            peers: ctx.peer_table.snapshot(),
             master: master.clone(),
             config_epoch,
             instances: BTreeMap::new(),
@@ -714,8 +722,8 @@ fn ms(d: Duration) -> u64 {
 mod tests {
     use super::*;
 
-    /// The size of the future an async fn with four arguments returns.
-    fn future_size<A, B, C, D, F>(_: fn(A, B, C, D) -> F) -> usize {
+    /// The size of the future an async fn with five arguments returns.
+    fn future_size<A, B, C, D, E, F>(_: fn(A, B, C, D, E) -> F) -> usize {
         std::mem::size_of::<F>()
     }
 

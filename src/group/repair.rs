@@ -37,7 +37,7 @@ impl Group {
             return false;
         }
         let mut confirmed = 1;
-        for e in self.peer_rx.borrow().iter() {
+        for e in self.peers.iter() {
             // Any peer known to hold a newer config, however old its hello:
             // this daemon's view is stale and must not act on it.
             if e.group(&self.cfg.name)

@@ -415,6 +415,7 @@ impl Sim {
         let _span = tracing::info_span!("sim", d = i, ms = self.ms).entered();
         let g = &mut self.daemons[i].g;
         g.now = now;
+        g.peers = g.ctx.peer_table.snapshot();
         g.on_wake(woken);
         g.publish_view();
         g.dirty = false;
@@ -936,7 +937,7 @@ impl Sim {
                 continue;
             }
             let d = &self.daemons[i];
-            let v = d.g.view_tx.borrow().clone();
+            let v = d.g.view.clone();
             let hello = Hello {
                 id: d.ctx.id.clone(),
                 run_id: Some(d.ctx.run_id.clone()),

@@ -428,8 +428,8 @@ impl GroupView {
 }
 
 impl Group {
-    /// Build the view from the task's state and publish it.
-    pub(super) fn publish_view(&self) {
+    /// Build the view from the task's state; the driver hands it out.
+    pub(super) fn publish_view(&mut self) {
         let now = self.now;
         let no_info = InfoSnapshot::default();
         let since = |t: Option<Instant>| t.map(|t| ms(now.saturating_duration_since(t)));
@@ -476,8 +476,7 @@ impl Group {
             .collect();
         instances.sort_by_key(|i| !i.is_master);
         let peers = self
-            .peer_rx
-            .borrow()
+            .peers
             .iter()
             .zip(self.election.peers())
             .enumerate()
@@ -548,6 +547,6 @@ impl Group {
             discovery: self.discovery.status(),
             recorded: self.recorders.iter().flat_map(|r| r.history()).collect(),
         };
-        self.view_tx.send_replace(Arc::new(view));
+        self.view = Arc::new(view);
     }
 }
