@@ -137,11 +137,22 @@ pub fn exclusion(c: &Candidate, limits: &SelectionLimits) -> Option<Exclusion> {
     None
 }
 
-fn rank(a: &Candidate, b: &Candidate) -> Ordering {
+/// `best_replica`: the highest offset among the eligible candidates that
+/// report `role:replica`.
+fn rank(a: &Candidate, b: &Candidate, best_replica: Option<i64>) -> Ordering {
     // A candidate that already reports role:master was promoted by an
     // earlier attempt of this failover (its leader died): resume with it
-    // rather than promote a second one.
-    let promoted = |c: &Candidate| c.role == Role::Master;
+    // rather than promote a second one. Not one that holds less than a
+    // replica: that is a server that came back as a master on its own (an
+    // old master, its demotion not read yet), and choosing it for being a
+    // master lost what the replica held (the simulation with the
+    // network's faults: a returning old master chosen over a replica
+    // ahead of it). A master's offset is its own replication offset.
+    let promoted = |c: &Candidate| {
+        c.role == Role::Master
+            && c.offset
+                .is_none_or(|o| best_replica.is_none_or(|best| o >= best))
+    };
     promoted(b)
         .cmp(&promoted(a))
         .then_with(|| a.priority.unwrap_or(100).cmp(&b.priority.unwrap_or(100)))
@@ -178,7 +189,12 @@ pub fn select(candidates: &[Candidate], limits: &SelectionLimits) -> Selection {
             None => ok.push(c),
         }
     }
-    ok.sort_by(|a, b| rank(a, b));
+    let best_replica = ok
+        .iter()
+        .filter(|c| c.role == Role::Replica)
+        .filter_map(|c| c.offset)
+        .max();
+    ok.sort_by(|a, b| rank(a, b, best_replica));
     Selection {
         chosen: ok.first().map(|c| c.addr.clone()),
         excluded,
@@ -303,6 +319,25 @@ mod tests {
         assert_eq!(
             s.excluded,
             vec![(Addr::new("127.0.0.1", 1), Exclusion::PriorityZero)]
+        );
+    }
+
+    #[test]
+    fn a_master_behind_a_replica_is_not_taken_for_an_earlier_promotion() {
+        let mut returned = replica(9, Some(100), Some(41));
+        returned.role = Role::Master;
+        let cs = vec![returned, replica(2, Some(100), Some(1000))];
+        assert_eq!(
+            select(&cs, &limits()).chosen,
+            Some(Addr::new("127.0.0.1", 2))
+        );
+        // Promoted by an earlier attempt: at the offset it had, or beyond.
+        let mut promoted = replica(9, Some(100), Some(1000));
+        promoted.role = Role::Master;
+        let cs = vec![replica(2, Some(100), Some(1000)), promoted];
+        assert_eq!(
+            select(&cs, &limits()).chosen,
+            Some(Addr::new("127.0.0.1", 9))
         );
     }
 

@@ -75,7 +75,13 @@ impl<'a> ReplicaSet<'a> {
             info_age: i.info_at.map(|t| self.now.saturating_duration_since(t)),
             role: info.map(|x| x.role).unwrap_or_default(),
             priority: info.and_then(|x| x.priority),
-            offset: info.and_then(|x| x.replica_offset),
+            // A master's own offset (one promoted by an earlier attempt,
+            // or one that came back as a master on its own).
+            offset: info.and_then(|x| {
+                x.replica_offset.or(x
+                    .master_offset
+                    .filter(|_| x.role == crate::probe::Role::Master))
+            }),
             loading: info.is_some_and(|x| x.loading),
             sync_in_progress: info.is_some_and(|x| x.sync_in_progress),
             link_down_since: info

@@ -251,6 +251,9 @@ struct Sim {
     promoted: HashSet<(usize, u64)>,
     /// Failover epochs whose leader was checked for its votes.
     led: HashSet<(usize, u64)>,
+    /// Election epochs whose candidate was checked when the daemon chose
+    /// it (announced with its vote requests).
+    selected: HashSet<(usize, u64)>,
     /// A daemon that has just voted is killed and restarted from its
     /// state file (as `kill -9` and a supervisor would), half the time.
     crash_after_vote: bool,
@@ -306,6 +309,7 @@ impl Sim {
             routing: (0, Some(addr(7000))),
             promoted: HashSet::new(),
             led: HashSet::new(),
+            selected: HashSet::new(),
             crash_after_vote: false,
             violations: Vec::new(),
             net: net::Net::off(),
@@ -475,6 +479,13 @@ impl Sim {
 
     async fn carry_out(&mut self, i: usize, w: Work) -> Option<Internal> {
         let state = self.daemons[i].ctx.state.clone();
+        if let Work::AskPeer { query, .. } = &w
+            && query.candidate.is_some()
+            && let Some(candidate) = &query.promote
+            && self.selected.insert((i, query.epoch))
+        {
+            self.check_candidate(i, candidate);
+        }
         match w {
             Work::AskPeer { peer, query } if self.net.on() => {
                 self.send_question(i, peer, query);
@@ -549,7 +560,13 @@ impl Sim {
             } => {
                 self.note(i, format!("promote {candidate} at {epoch}"));
                 self.check_leader(i, epoch);
-                self.check_candidate(i, &candidate);
+                // Checked against what the daemon knew when it chose the
+                // candidate: at the start of its election, announced with
+                // its vote requests (the voters keep it from demotion).
+                // A replica whose sync ended in between may be ahead now.
+                if self.selected.insert((i, epoch)) {
+                    self.check_candidate(i, &candidate);
+                }
                 if !self.fenced.contains(&(i, epoch)) {
                     self.violations.push(format!(
                         "{} ms: daemon {i} promoted {candidate} at epoch {epoch} before fencing",
