@@ -214,7 +214,7 @@ impl Group {
 
     /// The servers this group probes besides its master, persisted with
     /// each config so that a restarted daemon probes them from the start.
-    fn known_servers(&self) -> Vec<Addr> {
+    pub(super) fn known_servers(&self) -> Vec<Addr> {
         self.instances
             .keys()
             .filter(|a| **a != self.master)

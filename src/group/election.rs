@@ -321,12 +321,7 @@ impl Group {
         let newer_down = q.master != self.master
             && q.config_epoch > self.config_epoch
             && self.not_a_master_now(&q.master);
-        let down = !tilt
-            && if q.master == self.master {
-                self.master_sdown()
-            } else {
-                newer_down
-            };
+        let down = !tilt && (newer_down || (q.master == self.master && self.master_sdown()));
         let work = if may_vote(&q, &self.master, self.config_epoch, newer_down) {
             Work::Vote {
                 query: q,

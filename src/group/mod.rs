@@ -456,7 +456,8 @@ impl Group {
         for r in known.iter().filter(|r| **r != master) {
             self.ensure_instance(r);
         }
-        self.persisted_known = known.iter().filter(|r| **r != master).cloned().collect();
+        // What the state file holds (`known_servers` is the same set).
+        self.persisted_known = self.known_servers();
     }
 
     fn emit(&self, kind: EventKind, detail: &Detail) {

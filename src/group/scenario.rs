@@ -1031,6 +1031,19 @@ impl Sim {
         panic!("no promotion within 3 s: {:#?}", self.trace)
     }
 
+    /// Every server of `replicas` is a replica of `master`.
+    #[cfg(test)]
+    fn assert_followed(&self, master: u16, replicas: &[u16]) {
+        for p in replicas {
+            assert_eq!(
+                self.servers.get(&addr(*p)).and_then(|s| s.master.clone()),
+                Some(addr(master)),
+                "{p} follows {master}: {:#?}",
+                self.trace
+            );
+        }
+    }
+
     /// The master every up daemon names, if they agree.
     fn agreed_master(&self) -> Option<Addr> {
         let mut up = self.daemons.iter().filter(|d| d.up).map(|d| &d.g.master);
@@ -1366,14 +1379,7 @@ async fn a_failover_aborted_after_its_fence_routes_the_kept_master_again() {
     sim.run_for(5_000).await;
     assert_eq!(sim.daemons[0].g.master, addr(7000), "{:#?}", sim.trace);
     assert_eq!(sim.routing.1, Some(addr(7000)));
-    for p in [7001, 7002] {
-        assert_eq!(
-            sim.servers.get(&addr(p)).and_then(|s| s.master.clone()),
-            Some(addr(7000)),
-            "{p} follows the kept master: {:#?}",
-            sim.trace
-        );
-    }
+    sim.assert_followed(7000, &[7001, 7002]);
     sim.assert_no_violation();
 }
 
@@ -1777,14 +1783,7 @@ async fn a_leader_whose_config_was_refused_fails_its_master_over_with_the_others
         );
     }
     assert_eq!(sim.routing, (2, Some(addr(7000))), "{:#?}", sim.trace);
-    for p in [7001, 7002] {
-        assert_eq!(
-            sim.servers.get(&addr(p)).and_then(|s| s.master.clone()),
-            Some(addr(7000)),
-            "{p}: {:#?}",
-            sim.trace
-        );
-    }
+    sim.assert_followed(7000, &[7001, 7002]);
     sim.assert_no_violation();
 }
 
