@@ -98,8 +98,10 @@ pub enum Input {
     RepointSent(Addr, Result<(), CommandFailed>),
     /// A replica reports the new master with its link up.
     ReplicaSynced(Addr),
-    /// The new master went down (SDOWN) after its publication.
-    NewMasterDown,
+    /// The group's master went down (SDOWN, or back with less than its
+    /// replicas hold): before the publication the old master, after it
+    /// the new one.
+    MasterDown,
 }
 
 /// What the driver must do.
@@ -170,6 +172,9 @@ pub struct Failover {
     pub candidate: Addr,
     /// Flush before publication.
     pub flush: bool,
+    /// `flush_on_failover`: a switchover that becomes unplanned (its old
+    /// master gone) flushes as an unplanned failover does.
+    flush_if_unplanned: bool,
     /// Re-point the first replicas beside the promotion (Dragonfly,
     /// unplanned, no flush): [`Failover::repoints_beside_promotion`].
     early_repoints: bool,
@@ -215,6 +220,7 @@ impl Failover {
             epoch,
             kind,
             flush,
+            flush_if_unplanned: flush_on_failover,
             early_repoints: Self::repoints_beside_promotion(kind, flush, flavour),
             sent_early: BTreeSet::new(),
             old_master: old_master.clone(),
@@ -390,7 +396,26 @@ impl Failover {
                     },
                 ]
             }
-            (Phase::Promoting, Input::Promoted(Err(PromoteError::SwitchoverTimedOut(e)))) => {
+            (Phase::Promoting, Input::MasterDown) if self.kind == Kind::Switchover => {
+                // The old master died or came back with less during the
+                // handover: it will never hand over (a restarted server
+                // has forgotten its FAILOVER), and retrying it until the
+                // failover timeout let its replicas copy an emptied master
+                // once the sync hold ended (the simulation with switchovers,
+                // seed 45). It is fenced already: promote the candidate as
+                // an unplanned failover does. What it acknowledged and the
+                // candidate had not copied is lost with it either way.
+                self.kind = Kind::Unplanned;
+                self.flush = self.flush_if_unplanned;
+                self.retry_at = None;
+                vec![
+                    Action::Event(EventKind::FailoverStateSendSlaveofNoone, Detail::Master),
+                    self.promote_action(),
+                ]
+            }
+            (Phase::Promoting, Input::Promoted(Err(PromoteError::SwitchoverTimedOut(e))))
+                if self.kind == Kind::Switchover =>
+            {
                 self.abort(format!("switchover timed out: {e}"))
             }
             (Phase::Promoting, Input::Promoted(Err(e))) => {
@@ -457,7 +482,7 @@ impl Failover {
                 out
             }
             (Phase::Reconfiguring, Input::RepointSent(_, Ok(()))) => Vec::new(),
-            (Phase::Reconfiguring, Input::NewMasterDown) => {
+            (Phase::Reconfiguring, Input::MasterDown) => {
                 // Re-pointing replicas at a dead master helps nobody, and a
                 // failover that runs holds the next one back: end it now
                 // (as at its reconfiguration timeout), so that the daemons
@@ -743,6 +768,39 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_switchover_whose_old_master_goes_down_promotes_the_candidate_as_unplanned() {
+        let (mut f, _) = start(Kind::Switchover, true, vec![], 1);
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        // FAILOVER refused (the old master restarted and is loading, say):
+        // retried, as long as the old master is there to hand over.
+        f.step(
+            Instant::now(),
+            Input::Promoted(Err(PromoteError::Promotion("LOADING".into()))),
+        );
+        let acts = f.step(Instant::now(), Input::MasterDown);
+        assert!(
+            acts.contains(&Action::Promote {
+                candidate: a(2),
+                flush: true
+            }),
+            "{acts:?}"
+        );
+        // The late answer of the FAILOVER path no longer aborts it.
+        let acts = f.step(
+            Instant::now(),
+            Input::Promoted(Err(PromoteError::SwitchoverTimedOut("gone".into()))),
+        );
+        assert!(
+            !acts
+                .iter()
+                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))),
+            "{acts:?}"
+        );
+        let acts = f.step(Instant::now(), Input::Promoted(Ok(())));
+        assert!(acts.contains(&Action::Publish { master: a(2) }), "{acts:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_replica_that_never_syncs_does_not_block_the_end() {
         let (mut f, _) = start(Kind::Unplanned, false, vec![a(3)], 1);
         f.step(Instant::now(), Input::Fenced(Ok(())));
@@ -789,13 +847,13 @@ mod tests {
     async fn a_new_master_down_while_its_replicas_are_re_pointed_ends_the_failover() {
         let (mut f, _) = start(Kind::Unplanned, false, vec![a(3), a(4)], 1);
         // Before the publication the new master's SDOWN means nothing here.
-        assert!(f.step(Instant::now(), Input::NewMasterDown).is_empty());
+        assert!(f.step(Instant::now(), Input::MasterDown).is_empty());
         f.step(Instant::now(), Input::Fenced(Ok(())));
-        assert!(f.step(Instant::now(), Input::NewMasterDown).is_empty());
+        assert!(f.step(Instant::now(), Input::MasterDown).is_empty());
         f.step(Instant::now(), Input::Promoted(Ok(())));
         f.step(Instant::now(), Input::Published(Ok(())));
         assert_eq!(f.phase(), Phase::Reconfiguring);
-        let acts = f.step(Instant::now(), Input::NewMasterDown);
+        let acts = f.step(Instant::now(), Input::MasterDown);
         assert!(acts.contains(&Action::Finished(Outcome::CompletedWithTimeout)));
         assert!(!acts.iter().any(|x| matches!(x, Action::Repoint { .. })));
         assert_eq!(f.phase(), Phase::Done);

@@ -38,6 +38,9 @@ pub(super) struct Instance {
     /// When it turned from replica to master on one connection (a
     /// promotion: a leader's, or by hand), until it reports another role.
     pub(super) promoted_in_place_at: Option<Instant>,
+    /// When it was last seen up again after an SDOWN while it was this
+    /// daemon's master.
+    pub(super) up_again_at: Option<Instant>,
     pub(super) last_action: Option<Instant>,
     pub(super) wrong_master_since: Option<Instant>,
     /// Its last reply was `-BUSY`: alive, but running a script.
@@ -353,6 +356,7 @@ impl Group {
                 ip: addr.ip(),
                 role_changed_at: None,
                 promoted_in_place_at: None,
+                up_again_at: None,
                 last_action: None,
                 wrong_master_since: None,
                 busy: false,
@@ -975,6 +979,12 @@ impl Group {
                 0.0
             }
             Transition::Up => {
+                let now = self.now;
+                if *addr == self.master
+                    && let Some(i) = self.instances.get_mut(addr)
+                {
+                    i.up_again_at = Some(now);
+                }
                 self.emit(EventKind::SdownCleared, &detail);
                 1.0
             }
@@ -992,7 +1002,7 @@ impl Group {
             if t == Transition::Down {
                 self.election.master_went_down();
                 let now = self.now;
-                self.machine_input(now, crate::failover::machine::Input::NewMasterDown);
+                self.machine_input(now, crate::failover::machine::Input::MasterDown);
             }
         }
     }
