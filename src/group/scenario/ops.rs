@@ -1,0 +1,432 @@
+//! What the servers answer beyond life and death, where the group's
+//! decisions depend on it: a planned switchover (`FAILOVER TO`, as Redis
+//! and Valkey run it), a script that keeps a server busy (`-BUSY`, `SCRIPT
+//! KILL`) and a server loading its data after a restart (`-LOADING`).
+//! With `ops` on (`picket-sim --ops`), the schedule asks for switchovers
+//! and lets scripts run and restarts load beside its other faults, from an
+//! rng of its own: a seed's other faults are the same with and without it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::oneshot;
+
+use super::{Sim, Woken};
+use crate::addr::Addr;
+use crate::context::DaemonCtx;
+use crate::failover::machine::{Input, PromoteError};
+use crate::failover::ops::ScriptKill;
+use crate::group::GroupMsg;
+use crate::group::effects::Internal;
+use crate::resp::RespError;
+
+/// A `FAILOVER TO` under way on a master: its writes are paused until the
+/// candidate has copied all of them, then it turns replica of the
+/// candidate, which turns master; at its timeout it serves again.
+pub(super) struct Switching {
+    daemon: usize,
+    /// The daemon that asked, in this life (one restarted since has
+    /// forgotten its failover: the result is not fed to it).
+    ctx: Arc<DaemonCtx>,
+    epoch: u64,
+    old: Addr,
+    candidate: Addr,
+    /// The command's own timeout (virtual ms).
+    deadline: u64,
+    handed_over: bool,
+}
+
+impl Sim {
+    /// Daemon `i`'s `FAILOVER TO candidate` on `old` in `epoch`: refused at
+    /// once as Redis refuses it, or under way (the result comes from
+    /// [`Sim::step_switchovers`]).
+    pub(super) fn failover_to(
+        &mut self,
+        i: usize,
+        epoch: u64,
+        old: Addr,
+        candidate: Addr,
+        timeout: Duration,
+    ) -> Option<Internal> {
+        let refused = |m: String| {
+            Some(Internal::Failover(
+                epoch,
+                Input::Promoted(Err(PromoteError::Promotion(m))),
+            ))
+        };
+        if !self.reaches(i, &old) {
+            return refused(format!("{old}: unreachable"));
+        }
+        let Some(o) = self.servers.get(&old) else {
+            return refused(format!("{old}: unknown"));
+        };
+        if o.master.is_some() {
+            return refused("ERR FAILOVER is not valid when server is a replica".into());
+        }
+        if o.failing_over_to.is_some() {
+            return refused("ERR FAILOVER already in progress".into());
+        }
+        let Some(c) = self
+            .servers
+            .get(&candidate)
+            .filter(|c| c.alive && c.master.as_ref() == Some(&old))
+        else {
+            return refused(format!("ERR FAILOVER target {candidate} is not a replica"));
+        };
+        // Redis asks for a replica online: one that reconnected for a copy
+        // (another history) is not yet.
+        if c.replid != o.replid || !c.serving(self.ms) {
+            return refused("ERR FAILOVER target replica is not online".into());
+        }
+        self.servers.get_mut(&old).failing_over_to = Some(candidate.clone());
+        self.switching.push(Switching {
+            daemon: i,
+            ctx: self.daemons[i].ctx.clone(),
+            epoch,
+            old,
+            candidate,
+            deadline: self.ms + timeout.as_millis().max(100) as u64,
+            handed_over: false,
+        });
+        None
+    }
+
+    /// Every 10 virtual ms: a dead server forgets its script, its loading
+    /// and its `FAILOVER`; a switchover whose candidate has caught up hands
+    /// over; the daemon that asked learns the outcome as its executor
+    /// does (the candidate read as a master, or nothing by the timeout
+    /// and one second).
+    pub(super) async fn step_switchovers(&mut self) {
+        for s in self.servers.0.iter_mut().filter(|s| !s.alive) {
+            s.failing_over_to = None;
+            s.busy_until = 0;
+            s.script_wrote = false;
+            s.loading_until = 0;
+        }
+        let ms = self.ms;
+        let mut done = Vec::new();
+        for (k, sw) in self.switching.iter_mut().enumerate() {
+            let old = self.servers.get(&sw.old).cloned();
+            let ready = old.as_ref().is_some_and(|o| {
+                o.alive
+                    && o.failing_over_to.as_ref() == Some(&sw.candidate)
+                    && self.servers.get(&sw.candidate).is_some_and(|c| {
+                        c.serving(ms)
+                            && c.master.as_ref() == Some(&sw.old)
+                            && c.replid == o.replid
+                            && c.offset >= o.offset
+                    })
+            });
+            if !sw.handed_over && ready {
+                self.servers.get_mut(&sw.candidate).master = None;
+                let o = self.servers.get_mut(&sw.old);
+                o.master = Some(sw.candidate.clone());
+                o.failing_over_to = None;
+                sw.handed_over = true;
+            } else if !sw.handed_over && ms >= sw.deadline {
+                let o = self.servers.get_mut(&sw.old);
+                if o.failing_over_to.as_ref() == Some(&sw.candidate) {
+                    o.failing_over_to = None;
+                }
+            }
+            let reads_master = !self.cut_server.contains(&(sw.daemon, sw.candidate.clone()))
+                && self
+                    .servers
+                    .get(&sw.candidate)
+                    .is_some_and(|c| c.serving(ms) && c.master.is_none());
+            if sw.handed_over && reads_master {
+                done.push((k, Ok(())));
+            } else if ms >= sw.deadline + 1_000 {
+                done.push((
+                    k,
+                    Err(PromoteError::SwitchoverTimedOut(format!(
+                        "{} did not take over from {}",
+                        sw.candidate, sw.old
+                    ))),
+                ));
+            }
+        }
+        for (k, r) in done.into_iter().rev() {
+            let sw = self.switching.remove(k);
+            let n = self.daemons.len();
+            self.note(
+                n,
+                format!(
+                    "{} {} to {}",
+                    sw.old,
+                    if sw.handed_over {
+                        "handed over"
+                    } else {
+                        "kept (switchover timed out)"
+                    },
+                    sw.candidate
+                ),
+            );
+            let d = &self.daemons[sw.daemon];
+            if !d.up || !Arc::ptr_eq(&d.ctx, &sw.ctx) {
+                continue;
+            }
+            if r.is_ok() {
+                self.promoted.insert((sw.daemon, sw.epoch));
+            }
+            let result = Internal::Failover(sw.epoch, Input::Promoted(r));
+            Box::pin(self.wake(sw.daemon, Woken::Internal(Box::new(result)))).await;
+        }
+    }
+
+    /// `SCRIPT KILL` from daemon `i` on `a`.
+    pub(super) fn script_kill(&mut self, i: usize, a: &Addr) -> Result<ScriptKill, RespError> {
+        let ms = self.ms;
+        if self.cut_server.contains(&(i, a.clone())) {
+            return Err(RespError::Closed);
+        }
+        let s = self.servers.get_mut(a);
+        if !s.alive || ms < s.loading_until {
+            return Err(RespError::Closed);
+        }
+        if ms >= s.busy_until {
+            return Ok(ScriptKill::NotBusy);
+        }
+        if s.script_wrote {
+            return Ok(ScriptKill::Unkillable);
+        }
+        s.busy_until = 0;
+        Ok(ScriptKill::Killed)
+    }
+
+    /// Invariant 20: the server the backend routes clients to at its
+    /// newest epoch, a live master, is never made a replica (demoted or
+    /// re-pointed) by a daemon that hears the daemon that published it
+    /// (both ways, up, running): the writes it acknowledged since would be
+    /// lost with its copy of another server. A failover first fences it
+    /// out of the backend. A daemon cut off from that one longer than the
+    /// grace a stray master gets does demote it, as Sentinel does: it
+    /// cannot know.
+    pub(super) fn check_routed_kept(&mut self, i: usize, a: &Addr, what: &str) {
+        let p = self.routed_by;
+        let hears = p == i
+            || (!self.cut(i, p)
+                && self.daemons[p].up
+                && !self.net.stalled(p, self.ms)
+                && self.net.both_ways(i, p, self.ms));
+        if hears
+            && self.routing.1.as_ref() == Some(a)
+            && self
+                .servers
+                .get(a)
+                .is_some_and(|s| s.alive && s.master.is_none())
+        {
+            self.violations.push(format!(
+                "{} ms: daemon {i} {what} {a}, the master clients are routed to at epoch {}: \
+                 the writes it acknowledged are lost",
+                self.ms, self.routing.0
+            ));
+        }
+    }
+
+    /// `a` back with its data (a new run id, the same history and offset,
+    /// as after a clean `SHUTDOWN` with persistence), loading it for
+    /// `loading` ms.
+    fn restart_loading(&mut self, a: &Addr, loading: u64) {
+        let ms = self.ms;
+        let s = self.servers.get_mut(a);
+        s.alive = true;
+        s.run_id = format!("{ms:040}");
+        s.loading_until = ms + loading;
+    }
+
+    /// One of the operations' faults, when the schedule has them: a
+    /// switchover asked of a daemon, a script on its master (one that
+    /// wrote, a third of the time: `SCRIPT KILL` cannot end it), or its
+    /// master killed and restarted with its data, loading it for a while.
+    pub(super) async fn ops_fault(&mut self) {
+        let n = self.daemons.len();
+        let up: Vec<usize> = (0..n).filter(|&i| self.daemons[i].up).collect();
+        if up.is_empty() {
+            return;
+        }
+        let i = up[self.ops_rng.random_range(0..up.len())];
+        let m = self.daemons[i].g.master.clone();
+        match self.ops_rng.random_range(0..3u32) {
+            0 => {
+                self.note(n, format!("fault: switchover asked of daemon {i}"));
+                let (reply, _) = oneshot::channel();
+                let msg = GroupMsg::Switchover { to: None, reply };
+                self.wake(i, Woken::Msg(Box::new(msg))).await;
+            }
+            1 => {
+                let ms = self.ms;
+                let busy = self.ops_rng.random_range(500..6_000);
+                let wrote = self.ops_rng.random_bool(0.3);
+                if let Some(s) = self.servers.0.iter_mut().find(|s| s.addr == m)
+                    && s.serving(ms)
+                {
+                    s.busy_until = ms + busy;
+                    s.script_wrote = wrote;
+                    self.note(
+                        n,
+                        format!("fault: a script on {m} for {busy} ms, wrote={wrote}"),
+                    );
+                }
+            }
+            _ => {
+                let down = self.ops_rng.random_range(20..150);
+                let loading = self.ops_rng.random_range(300..3_000);
+                if self.servers.get(&m).is_some_and(|s| s.alive) {
+                    self.servers.get_mut(&m).alive = false;
+                    self.run_for(down).await;
+                    self.restart_loading(&m, loading);
+                    self.note(
+                        n,
+                        format!(
+                            "fault: restart {m} with its data after {down} ms, loading for {loading} ms"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Sim, addr};
+    use super::*;
+
+    /// `SENTINEL FAILOVER` asked of daemon `i`; its answer.
+    async fn ask_switchover(
+        sim: &mut Sim,
+        i: usize,
+    ) -> oneshot::Receiver<Result<(), crate::failover::FailoverError>> {
+        let (reply, rx) = oneshot::channel();
+        let msg = GroupMsg::Switchover { to: None, reply };
+        sim.wake(i, Woken::Msg(Box::new(msg))).await;
+        rx
+    }
+
+    #[tokio::test]
+    async fn a_planned_switchover_hands_over_first_and_publishes_after() {
+        let mut sim = Sim::new(3, 2, 5);
+        sim.run_for(3_000).await;
+        let mut answer = ask_switchover(&mut sim, 0).await;
+        sim.run_for(3_000).await;
+        assert!(
+            matches!(answer.try_recv(), Ok(Ok(()))),
+            "the election was won: {:#?}",
+            sim.trace
+        );
+        let new = addr(7001);
+        for d in &sim.daemons {
+            assert_eq!(d.g.master, new, "{}: {:#?}", d.ctx.id, sim.trace);
+        }
+        let switch = sim.at("switchover 127.0.0.1:7000 to 127.0.0.1:7001");
+        let handed = sim.at("127.0.0.1:7000 handed over to 127.0.0.1:7001");
+        let publish = sim.at("publish 127.0.0.1:7001");
+        assert!(
+            sim.at("fence") < switch && switch < handed && handed < publish,
+            "{:#?}",
+            sim.trace
+        );
+        // The old master was paused, not lost: it follows the new one with
+        // everything it took, as the other replica does.
+        sim.assert_followed(7001, &[7000, 7002]);
+        let (old, now) = (
+            sim.servers.get(&addr(7000)).map(|s| s.offset),
+            sim.servers.get(&new).map(|s| s.offset),
+        );
+        assert!(old <= now, "{old:?} <= {now:?}");
+        assert_eq!(sim.routing, (1, Some(new)));
+        sim.assert_no_violation();
+    }
+
+    #[tokio::test]
+    async fn a_switchover_whose_candidate_never_catches_up_leaves_the_old_master_routed() {
+        let mut sim = Sim::new(3, 2, 6);
+        sim.run_for(3_000).await;
+        // The candidate's link copies nothing more (a link so slow that it
+        // never catches up), and the master has taken writes it has not
+        // copied: FAILOVER waits for it, and its timeout ends it.
+        sim.servers.get_mut(&addr(7001)).lag_ms = 600_000;
+        sim.servers.get_mut(&addr(7000)).offset += 50;
+        let _answer = ask_switchover(&mut sim, 0).await;
+        sim.run_for(16_000).await;
+        sim.at("127.0.0.1:7000 kept (switchover timed out)");
+        assert!(
+            !sim.trace.iter().any(|(_, _, w)| w.contains("handed over")),
+            "{:#?}",
+            sim.trace
+        );
+        let old = addr(7000);
+        for d in &sim.daemons {
+            assert_eq!(d.g.master, old, "{}: {:#?}", d.ctx.id, sim.trace);
+        }
+        assert!(sim.servers.get(&old).is_some_and(|s| s.master.is_none()));
+        assert_eq!(
+            sim.routing.1,
+            Some(old),
+            "routed again after the abort: {:#?}",
+            sim.trace
+        );
+        sim.assert_no_violation();
+    }
+
+    /// The master runs a script for 5 s; whether it has written.
+    async fn busy_master(wrote: bool) -> Sim {
+        let mut sim = Sim::new(3, 2, 8);
+        sim.run_for(3_000).await;
+        let ms = sim.ms;
+        let m = sim.servers.get_mut(&addr(7000));
+        m.busy_until = ms + 5_000;
+        m.script_wrote = wrote;
+        sim.run_for(8_000).await;
+        sim
+    }
+
+    #[tokio::test]
+    async fn a_master_busy_with_a_script_that_can_be_killed_is_not_failed_over() {
+        let sim = busy_master(false).await;
+        sim.at("script kill 127.0.0.1:7000");
+        assert!(
+            !sim.trace.iter().any(|(_, _, w)| w.starts_with("promote")),
+            "{:#?}",
+            sim.trace
+        );
+        for d in &sim.daemons {
+            assert_eq!(d.g.master, addr(7000), "{}: {:#?}", d.ctx.id, sim.trace);
+        }
+        sim.assert_no_violation();
+    }
+
+    #[tokio::test]
+    async fn a_master_whose_script_has_written_is_failed_over() {
+        let sim = busy_master(true).await;
+        let kill = sim.at("script kill 127.0.0.1:7000");
+        assert!(kill < sim.at("promote"), "{:#?}", sim.trace);
+        for d in &sim.daemons {
+            assert_ne!(d.g.master, addr(7000), "{}: {:#?}", d.ctx.id, sim.trace);
+        }
+        sim.assert_no_violation();
+    }
+
+    #[tokio::test]
+    async fn a_master_back_with_its_data_and_loading_it_is_not_failed_over() {
+        let mut sim = Sim::new(3, 2, 9);
+        sim.run_for(3_000).await;
+        let m = addr(7000);
+        sim.servers.get_mut(&m).alive = false;
+        sim.run_for(50).await;
+        sim.restart_loading(&m, 3_000);
+        sim.run_for(6_000).await;
+        assert!(
+            !sim.trace.iter().any(|(_, _, w)| w.starts_with("promote")),
+            "{:#?}",
+            sim.trace
+        );
+        for d in &sim.daemons {
+            assert_eq!(d.g.master, m, "{}: {:#?}", d.ctx.id, sim.trace);
+        }
+        sim.assert_followed(7000, &[7001, 7002]);
+        sim.assert_no_violation();
+    }
+}
