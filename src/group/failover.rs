@@ -13,7 +13,7 @@ use super::{Group, Running, ms};
 use crate::addr::Addr;
 use crate::discovery::{Fence, Reporter};
 use crate::events::{Detail, EventKind};
-use crate::failover::machine::{Action, Failover, Input, Outcome, Phase};
+use crate::failover::machine::{Action, Failover, Input, Kind, Outcome, Phase};
 use crate::metrics as m;
 use crate::probe::{Flavour, Role};
 use crate::quorum::election::Ballot;
@@ -66,6 +66,66 @@ impl Group {
         {
             self.machine_input(now, input);
         }
+    }
+
+    /// The server this daemon keeps paused now (`CLIENT PAUSE … ALL`,
+    /// renewed before it runs out), if any:
+    /// - the old master of this daemon's unplanned failover until the
+    ///   candidate is promoted: its replicas take no full copy from it and
+    ///   its clients no acknowledgement that the failover would lose. The
+    ///   fence waits for every gating backend (a Kubernetes endpoint
+    ///   controller that lags or stalls), and a master that came back with
+    ///   less meanwhile had its replicas copy it once the pause of its
+    ///   judgement ended (the simulation with a gating Service: 28 seeds of
+    ///   300); a leader restarted since may not have judged it (it never
+    ///   saw its run id before). Not in a switchover, whose `FAILOVER TO`
+    ///   pauses writes itself and must hand over.
+    /// - this daemon's master, judged back with less than its replicas
+    ///   hold, for up to twice `failover_timeout` from the judgement: the
+    ///   daemons that voted for a leader which then died stand back
+    ///   `failover_timeout` before they try again, and its replicas copied
+    ///   it once the first pause ended (seed 292 of the simulation with a
+    ///   gating Service; seed 752 with the network's faults). Not for
+    ///   longer: a group that cannot decide gets its master back, empty,
+    ///   rather than an outage without end.
+    ///
+    /// Not on Dragonfly, whose pause does not hold replication.
+    pub(super) fn keep_paused(&mut self, now: Instant) {
+        let pause = super::observe::reboot_pause(self.cfg.down_after);
+        if self
+            .pause_renewed_at
+            .is_some_and(|t| now.saturating_duration_since(t) < pause / 2)
+            || self.ctx.tilt.active(now)
+        {
+            return;
+        }
+        let failing_over = self.failover.as_ref().and_then(|run| {
+            (run.machine.kind == Kind::Unplanned
+                && matches!(run.machine.phase(), Phase::Fencing | Phase::Promoting))
+            .then(|| run.machine.old_master.clone())
+        });
+        let rebooted = self.instances.get(&self.master).and_then(|m| {
+            (m.sdown.rebooted()
+                && m.sdown.down_since().is_some_and(|t| {
+                    now.saturating_duration_since(t) < self.cfg.failover_timeout * 2
+                }))
+            .then(|| self.master.clone())
+        });
+        let Some(target) = failing_over.or(rebooted) else {
+            return;
+        };
+        if self.flavour_of(&target) == Flavour::Dragonfly
+            || !self.instances.get(&target).is_some_and(|i| i.connected)
+        {
+            return;
+        }
+        self.pause_renewed_at = Some(now);
+        let target = self.wire(&target);
+        self.effects.run(Work::Pause {
+            target,
+            pause,
+            after: Duration::ZERO,
+        });
     }
 
     pub(super) fn flavour_of(&self, addr: &Addr) -> Flavour {

@@ -223,6 +223,8 @@ struct Group {
     /// A switchover request waiting for fresh INFO from every replica
     /// (healthy replicas are read only every [`observe::INFO_SLOW`]).
     pending_switchover: Option<PendingSwitchover>,
+    /// When this daemon last renewed a pause ([`Group::keep_paused`]).
+    pause_renewed_at: Option<Instant>,
     last_failover: Option<LastFailover>,
     /// When the task last ran anything, to notice stalls of the process.
     run_clock: RunClock,
@@ -363,6 +365,7 @@ impl Group {
             failover: None,
             switchover_reply: None,
             pending_switchover: None,
+            pause_renewed_at: None,
             last_failover: None,
             run_clock: RunClock::new(
                 now,
@@ -635,6 +638,7 @@ impl Group {
         if self.failover.is_some() {
             self.machine_input(now, crate::failover::machine::Input::Tick);
         }
+        self.keep_paused(now);
         self.check_topology(now);
         self.isolation_tick(now);
         // Gauges that change continuously are exported once a second, not
