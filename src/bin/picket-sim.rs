@@ -69,6 +69,10 @@ struct Args {
     /// faults (off by default, so that seeds recorded without them replay).
     #[arg(long)]
     ops: bool,
+    /// A Kubernetes Service gates the group: fences wait for its endpoint
+    /// controller, which lags (50-1,500 ms) and stalls (2-8 s) now and then.
+    #[arg(long)]
+    service: bool,
     /// Print the whole trace of a seed that broke an invariant.
     #[arg(long)]
     trace: bool,
@@ -146,6 +150,7 @@ fn main() -> anyhow::Result<()> {
             faults,
             net,
             ops: args.ops,
+            service: args.service,
         };
         let out = rt.block_on(run(&r));
         ran += 1;

@@ -46,6 +46,7 @@ use crate::tilt::Tilt;
 mod net;
 mod ops;
 pub(crate) mod run;
+mod service;
 mod tempfile;
 
 /// One simulated data server (Redis 7).
@@ -289,6 +290,8 @@ struct Sim {
     net: net::Net,
     /// Lines added to every daemon's `[[group]]` table.
     group_extra: String,
+    /// A Kubernetes Service gating the group (`service.rs`; `None`: none).
+    service: Option<service::Service>,
     /// The daemon whose publication `routing` holds.
     routed_by: usize,
     /// Switchovers under way on the servers (`ops.rs`).
@@ -352,6 +355,7 @@ impl Sim {
             violations: Vec::new(),
             net: net::Net::off(),
             group_extra: extra.to_string(),
+            service: None,
             routed_by: 0,
             switching: Vec::new(),
             ops: false,
@@ -583,7 +587,11 @@ impl Sim {
                 }));
                 None
             }
-            Work::Fence { epoch, fence, .. } => {
+            Work::Fence {
+                epoch,
+                fence,
+                deadline,
+            } => {
                 self.note(i, format!("fence {} at {epoch}", fence.old_master));
                 self.check_leader(i, epoch);
                 self.fenced.insert((i, epoch));
@@ -591,6 +599,10 @@ impl Sim {
                 let (at, routed) = &self.routing;
                 if epoch > *at || (epoch == *at && routed.as_ref() == Some(&fence.old_master)) {
                     self.routing = (epoch, None);
+                }
+                let deadline = deadline.as_millis() as u64;
+                if let Some(r) = self.fence_service(i, epoch, &fence.old_master, deadline) {
+                    return r;
                 }
                 Some(Internal::Failover(epoch, Input::Fenced(Ok(()))))
             }
@@ -861,6 +873,7 @@ impl Sim {
                 self.ms
             ));
         }
+        self.check_gated(i, epoch, candidate);
     }
 
     /// The candidate is not behind, in the leader's last INFO, a live
@@ -877,6 +890,14 @@ impl Sim {
         let Some((priority, Some(offset))) = seen(candidate) else {
             return;
         };
+        // The replica a previous leader of this failover intended to
+        // promote goes first by design (`Election::choose`: a leader that
+        // died half-way, or a FAILOVER TO under way, is not followed by the
+        // promotion of a second replica; seed 260 of `--ops --service
+        // --net --server-cuts`).
+        if g.election.intended(g.config_epoch) == Some(candidate) {
+            return;
+        }
         let eligible =
             super::election::ReplicaSet::new(&g.instances, &g.master, &g.cfg, self.now());
         let ahead: Vec<String> = self
@@ -931,6 +952,7 @@ impl Sim {
             self.ms += 10;
             self.deliver_due().await;
             self.step_switchovers().await;
+            self.step_service().await;
             let at = self.now();
             if self.ms.is_multiple_of(100) {
                 // A server's protection lasts while a majority can watch
