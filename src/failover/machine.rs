@@ -81,6 +81,10 @@ pub enum PromoteError {
     Flush(String),
     /// The switchover did not complete in time and the old master serves again.
     SwitchoverTimedOut(String),
+    /// The candidate is another process than the one chosen (it restarted
+    /// since): promoting it would publish whatever it holds now, empty
+    /// perhaps, and retrying cannot undo that.
+    CandidateRestarted(String),
 }
 
 /// An input to the machine.
@@ -396,6 +400,9 @@ impl Failover {
                     },
                 ]
             }
+            (Phase::Promoting, Input::Promoted(Err(PromoteError::CandidateRestarted(e)))) => {
+                self.abort(format!("the candidate restarted: {e}"))
+            }
             (Phase::Promoting, Input::MasterDown) if self.kind == Kind::Switchover => {
                 // The old master died or came back with less during the
                 // handover: it will never hand over (a restarted server
@@ -422,7 +429,9 @@ impl Failover {
                 if now + PROMOTE_RETRY >= self.deadline {
                     let what = match e {
                         PromoteError::Flush(m) => format!("flush failed: {m}"),
-                        PromoteError::Promotion(m) | PromoteError::SwitchoverTimedOut(m) => {
+                        PromoteError::Promotion(m)
+                        | PromoteError::SwitchoverTimedOut(m)
+                        | PromoteError::CandidateRestarted(m) => {
                             format!("promotion failed: {m}")
                         }
                     };
@@ -765,6 +774,28 @@ mod tests {
                 .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_))))
         );
         assert!(!acts.iter().any(|x| matches!(x, Action::Publish { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_candidate_that_restarted_is_not_promoted_and_the_failover_aborts_at_once() {
+        let (mut f, _) = start(Kind::Unplanned, false, vec![a(3)], 1);
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        let acts = f.step(
+            Instant::now(),
+            Input::Promoted(Err(PromoteError::CandidateRestarted(
+                "run_id a -> b".into(),
+            ))),
+        );
+        assert!(
+            acts.iter()
+                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))),
+            "{acts:?}"
+        );
+        assert!(
+            !acts
+                .iter()
+                .any(|x| matches!(x, Action::Publish { .. } | Action::Promote { .. }))
+        );
     }
 
     #[tokio::test(start_paused = true)]

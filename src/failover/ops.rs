@@ -162,9 +162,22 @@ impl InstanceOps {
         addr: &Addr,
         flavour: Flavour,
         flush: bool,
+        run_id: Option<&str>,
     ) -> Result<(), PromoteError> {
         let perr = |e: RespError| PromoteError::Promotion(format!("{addr}: {e}"));
         let mut c = self.connect(addr, flavour).await.map_err(perr)?;
+        // The process chosen, not one started since at its address (a
+        // leader's retries can outlast a restart of the candidate).
+        if let Some(expected) = run_id {
+            let reply = c.call(["INFO", "server"]).await.map_err(perr)?;
+            let now = info::parse_info(&frame_text(&reply).unwrap_or_default()).run_id;
+            if now.as_deref() != Some(expected) {
+                return Err(PromoteError::CandidateRestarted(format!(
+                    "{addr}: run_id {expected} -> {}",
+                    now.as_deref().unwrap_or("unknown")
+                )));
+            }
+        }
         if !flush {
             c.call(["REPLICAOF", "NO", "ONE"]).await.map_err(perr)?;
         } else if flavour == Flavour::Dragonfly {

@@ -82,7 +82,7 @@ pub fn spawn(
         (now, unix_now()),
         None,
     );
-    g.probe_from_start(&record.known_replicas);
+    g.probe_from_start(&record);
     if let Some(w) = pod_watch {
         // The watcher reports on a watch channel (bursts of pod changes
         // coalesce); a forwarder hands each snapshot to the mailbox.

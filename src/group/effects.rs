@@ -25,7 +25,7 @@ use crate::failover::machine::Input;
 use crate::failover::ops::{InstanceOps, ScriptKill};
 use crate::probe::{Flavour, ProbeEvent, ProbeHandle, ProbeSettings, Role};
 use crate::quorum::peers::{HelloGroup, IsDownQuery, IsDownReply};
-use crate::quorum::state::{StateError, Vote};
+use crate::quorum::state::{MasterIdentity, StateError, Vote};
 use crate::resp::RespError;
 
 /// How long a stopping group waits for its effects to see the cancellation.
@@ -67,6 +67,9 @@ pub(super) enum Work {
         candidate: Addr,
         flavour: Flavour,
         flush: bool,
+        /// The candidate's `run_id` when the failover started: another
+        /// process is not promoted (`PromoteError::CandidateRestarted`).
+        run_id: Option<String>,
     },
     /// Failover step 6, planned.
     Switchover {
@@ -118,6 +121,9 @@ pub(super) enum Work {
         master: Addr,
         known: Vec<Addr>,
     },
+    /// Persist the master's process as last read (nothing waits for it;
+    /// a failure is logged).
+    PersistIdentity(MasterIdentity),
     /// Read the role of the master a peer announces.
     CheckPeerConfig { from: String, group: HelloGroup },
     /// `SCRIPT KILL` on a busy instance.
@@ -410,8 +416,11 @@ impl Io {
                 candidate,
                 flavour,
                 flush,
+                run_id,
             } => {
-                let r = ops.promote(&candidate, flavour, flush).await;
+                let r = ops
+                    .promote(&candidate, flavour, flush, run_id.as_deref())
+                    .await;
                 Some(Internal::Failover(epoch, Input::Promoted(r)))
             }
             Work::Switchover {
@@ -491,6 +500,12 @@ impl Io {
             } => {
                 let result = state.set_config(group, epoch, &master, known).await;
                 Some(Internal::ConfigPersisted { epoch, result })
+            }
+            Work::PersistIdentity(identity) => {
+                if let Err(e) = state.set_master_identity(group, identity).await {
+                    tracing::warn!(group, error = %e, "persisting the master's identity failed");
+                }
+                None
             }
             Work::CheckPeerConfig { from, group } => {
                 let role = ops.info(&group.master).await.map(|i| i.role);

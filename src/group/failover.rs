@@ -24,6 +24,11 @@ impl Group {
         tracing::info!(group = %self.cfg.name, epoch = ballot.epoch, candidate = %ballot.candidate, "elected leader; failing over");
         let replicas = self.replica_addrs();
         let flavour = self.flavour_of(&ballot.candidate);
+        let candidate_run_id = self
+            .instances
+            .get(&ballot.candidate)
+            .and_then(|i| i.info.as_ref())
+            .and_then(|i| i.run_id.clone());
         let (machine, actions) = Failover::start(
             now,
             ballot.epoch,
@@ -39,6 +44,7 @@ impl Group {
         self.failover = Some(Running {
             machine,
             started: ballot.started,
+            candidate_run_id,
         });
         self.emit(EventKind::FailoverStateSelectSlave, &Detail::Master);
         self.run_failover_actions(actions);
@@ -167,11 +173,16 @@ impl Group {
                 Action::Promote { candidate, flush } => {
                     let flavour = self.flavour_of(&candidate);
                     tracing::info!(group = %self.cfg.name, %candidate, flush, "promoting");
+                    let run_id = self
+                        .failover
+                        .as_ref()
+                        .and_then(|r| r.candidate_run_id.clone());
                     self.effects.run(Work::Promote {
                         epoch,
                         candidate,
                         flavour,
                         flush,
+                        run_id,
                     });
                 }
                 Action::Switchover {

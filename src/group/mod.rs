@@ -73,12 +73,13 @@ use crate::failover::FailoverError;
 use crate::failover::machine::Failover;
 use crate::metrics as m;
 use crate::probe::ProbeEvent;
+use crate::probe::info::InfoSnapshot;
 use crate::quorum::election::{Election, Settings};
 use crate::quorum::peers::{HelloGroup, IsDownQuery, IsDownReply};
-use crate::quorum::state::StateError;
+use crate::quorum::state::{GroupRecord, MasterIdentity, StateError};
 use crate::quorum::table::PeerSnapshot;
 use crate::resp::ClientOptions;
-use effects::{Effects, Internal};
+use effects::{Effects, Internal, Work};
 use observe::{Instance, RunClock};
 use view::{GroupView, LastFailover};
 
@@ -187,6 +188,9 @@ struct PendingSwitchover {
 struct Running {
     machine: Failover,
     started: Instant,
+    /// The candidate's `run_id` when the failover started (what its
+    /// promotion checks).
+    candidate_run_id: Option<String>,
 }
 
 /// Everything the task owns.
@@ -242,6 +246,8 @@ struct Group {
     /// The servers besides the master last written to the state file
     /// (`known_replicas`), to write them again when the set changes.
     persisted_known: Vec<Addr>,
+    /// The master's process as the state file holds it.
+    persisted_identity: Option<MasterIdentity>,
     /// A write of the current config is under way.
     config_persisting: bool,
     /// The master has reported `role:slave` for too long.
@@ -377,6 +383,7 @@ impl Group {
             published_epoch: None,
             config_unpersisted: false,
             persisted_known: Vec::new(),
+            persisted_identity: None,
             config_persisting: false,
             master_role_down: false,
             master_since: now,
@@ -453,14 +460,55 @@ impl Group {
     /// (`picket import`'s, and those known at the last config): probed
     /// before the master lists them, so that a master already down can be
     /// failed over and an old master coming back is demoted.
-    fn probe_from_start(&mut self, known: &[Addr]) {
+    fn probe_from_start(&mut self, record: &GroupRecord) {
         let master = self.master.clone();
         self.ensure_instance(&master);
-        for r in known.iter().filter(|r| **r != master) {
+        for r in record.known_replicas.iter().filter(|r| **r != master) {
             self.ensure_instance(r);
         }
         // What the state file holds (`known_servers` is the same set).
         self.persisted_known = self.known_servers();
+        // The master's process as this daemon last read it, to tell a new
+        // one at the first INFO (`observe.rs`).
+        self.persisted_identity = record.master_identity.clone();
+        if let Some(id) = record
+            .master_identity
+            .as_ref()
+            .filter(|id| id.addr == master)
+            && let Some(inst) = self.instances.get_mut(&master)
+        {
+            let seen = InfoSnapshot {
+                run_id: id.run_id.clone(),
+                replid: id.replid.clone(),
+                role: crate::probe::Role::Master,
+                ..InfoSnapshot::default()
+            };
+            inst.identity_before = Some((Box::new(seen), self.now));
+        }
+    }
+
+    /// Persist the master's process when it changed (at most once a
+    /// second, from the tick): a daemon restarted later compares the
+    /// master's first INFO with it.
+    fn persist_master_identity(&mut self) {
+        let Some(info) = self
+            .instances
+            .get(&self.master)
+            .and_then(|i| i.info.as_deref())
+            .filter(|i| i.role == crate::probe::Role::Master)
+        else {
+            return;
+        };
+        let id = MasterIdentity {
+            addr: self.master.clone(),
+            run_id: info.run_id.clone(),
+            replid: info.replid.clone(),
+        };
+        if self.persisted_identity.as_ref() == Some(&id) {
+            return;
+        }
+        self.persisted_identity = Some(id.clone());
+        self.effects.run(Work::PersistIdentity(id));
     }
 
     fn emit(&self, kind: EventKind, detail: &Detail) {
@@ -647,6 +695,7 @@ impl Group {
             self.last_export = now;
             self.retry_persist_config();
             self.persist_known_servers();
+            self.persist_master_identity();
             // A peer's newer config whose check failed is tried again.
             self.check_peer_configs(now);
             self.export_instance_gauges(now);

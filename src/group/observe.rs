@@ -721,7 +721,9 @@ impl Group {
         if let Some(t) = transition {
             self.on_sdown_transition(&addr, t);
         }
-        self.judge_reboot(&addr, self.now);
+        // The master's restart may wait for a replica's first INFO.
+        let master = self.master.clone();
+        self.judge_reboot(&master, self.now);
         self.review_sync_hold(&addr, self.now);
         if kill {
             self.kill_script(&addr);
@@ -809,6 +811,19 @@ impl Group {
             if let Some(i) = self.instances.get_mut(addr) {
                 i.reboot_unjudged = false;
             }
+            return;
+        }
+        // A server this daemon knows but has not read yet (it has just
+        // started, from the servers in its state file) is judged against
+        // once read, or once down: judged without it, a master that came
+        // back with less than that replica holds was kept, and the replica
+        // copied it (the simulation, seeds 909 and 912 with the network's
+        // faults: every daemon restarted just after its vote).
+        if self
+            .instances
+            .values()
+            .any(|r| r.addr != *addr && r.info.is_none() && !r.sdown.is_down())
+        {
             return;
         }
         let holdings: Vec<reboot::Holding> = self

@@ -427,7 +427,7 @@ impl Sim {
             (now, 1_800_000_000 + self.ms / 1000),
             Some(self.seed.wrapping_add(i as u64)),
         ));
-        g.probe_from_start(&record.known_replicas);
+        g.probe_from_start(&record);
         Daemon {
             g,
             ctx,
@@ -610,15 +610,22 @@ impl Sim {
                 epoch,
                 candidate,
                 flush,
+                run_id,
                 ..
             } => {
                 self.note(i, format!("promote {candidate} at {epoch}"));
                 self.check_promotion(i, epoch, &candidate);
                 let reached = self.reaches(i, &candidate);
-                if reached {
+                let restarted = run_id
+                    .is_some_and(|r| self.servers.get(&candidate).is_some_and(|s| s.run_id != r));
+                if reached && !restarted {
                     self.servers.get_mut(&candidate).master = None;
                 }
-                let r = if reached && flush && self.servers.get_mut(&candidate).misconf {
+                let r = if reached && restarted {
+                    Err(crate::failover::machine::PromoteError::CandidateRestarted(
+                        format!("{candidate}: another run_id"),
+                    ))
+                } else if reached && flush && self.servers.get_mut(&candidate).misconf {
                     Err(crate::failover::machine::PromoteError::Flush(format!(
                         "{candidate}: MISCONF Errors writing to the AOF file"
                     )))
@@ -676,6 +683,10 @@ impl Sim {
             } => {
                 let result = state.set_config("g", epoch, &master, known).await;
                 Some(Internal::ConfigPersisted { epoch, result })
+            }
+            Work::PersistIdentity(identity) => {
+                let _ = state.set_master_identity("g", identity).await;
+                None
             }
             Work::Repoint {
                 epoch,
@@ -1925,5 +1936,39 @@ async fn a_daemon_restarted_while_the_master_is_down_still_knows_its_replicas() 
     sim.run_for(3_000).await;
     assert_eq!(sim.daemons[0].g.master, addr(7001), "{:#?}", sim.trace);
     sim.at("repoint 127.0.0.1:7002 to 127.0.0.1:7001");
+    sim.assert_no_violation();
+}
+
+/// A daemon restarted while its master restarted empty still sees a new
+/// process (the master's identity is in its state file) and judges it
+/// once it has read the replicas it knows: before, the restarted daemon
+/// took the empty server's first INFO for the master as it always was,
+/// and its replicas copied it (the simulation, seeds 909 and 912 with the
+/// network's faults, 133 and 172 with a gating Service).
+#[tokio::test]
+async fn a_daemon_restarted_while_its_master_restarted_empty_still_judges_it() {
+    let mut sim = Sim::new(1, 1, 1);
+    sim.run_for(2_000).await;
+    let persisted = sim.daemons[0].ctx.state.group("g").master_identity;
+    assert_eq!(
+        persisted.map(|id| (id.addr, id.run_id)),
+        Some((addr(7000), Some("7000".repeat(10)))),
+        "{:#?}",
+        sim.trace
+    );
+    sim.crash(0);
+    let m = addr(7000);
+    let before = {
+        let s = sim.servers.get_mut(&m);
+        s.offset = 0;
+        s.run_id = "f".repeat(40);
+        std::mem::replace(&mut s.replid, "b".repeat(40))
+    };
+    sim.restart(0);
+    sim.mark_emptied(&m, &before);
+    sim.run_for(3_000).await;
+    assert_eq!(sim.daemons[0].g.master, addr(7001), "{:#?}", sim.trace);
+    assert!(sim.at("pause 127.0.0.1:7000") < sim.at("promote"));
+    sim.assert_followed(7001, &[7002]);
     sim.assert_no_violation();
 }

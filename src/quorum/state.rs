@@ -128,6 +128,26 @@ pub struct GroupRecord {
     /// older files).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub led_epoch: u64,
+    /// The master's process as this daemon last read it: a daemon
+    /// restarted while the master restarted too still sees a new process
+    /// (`+reboot`) and judges what it holds, which it could not from its
+    /// first INFO alone (absent from older files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_identity: Option<MasterIdentity>,
+}
+
+/// What shows a server's process (`probe::reboot::restarted`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MasterIdentity {
+    /// The server.
+    pub addr: Addr,
+    /// Redis and Valkey: `run_id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// Its replication id as a master (Dragonfly draws it anew at every
+    /// start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replid: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -470,6 +490,20 @@ impl StateStore {
                 }
                 false
             }
+        })
+        .await
+    }
+
+    /// Record the master's process as last read
+    /// ([`GroupRecord::master_identity`]).
+    pub async fn set_master_identity(
+        &self,
+        group: &str,
+        identity: MasterIdentity,
+    ) -> Result<(), StateError> {
+        let group = group.to_string();
+        self.update(move |s| {
+            s.groups.entry(group).or_default().master_identity = Some(identity);
         })
         .await
     }

@@ -74,6 +74,7 @@ fn sighup_adds_changes_and_removes_groups() {
                     vote_promote: None,
                     known_replicas: Vec::new(),
                     led_epoch: 0,
+                    master_identity: None,
                 },
             ),
             (
@@ -86,6 +87,7 @@ fn sighup_adds_changes_and_removes_groups() {
                     vote_promote: None,
                     known_replicas: Vec::new(),
                     led_epoch: 0,
+                    master_identity: None,
                 },
             ),
         ]),

@@ -192,6 +192,12 @@ mod tests {
             // Voters standing back after their leader died.
             (292, None, false, true),
             (752, cuts, false, false),
+            // Every daemon restarted before it saw the master's run id.
+            (133, None, false, true),
+            (909, cuts, false, false),
+            // A stale leader's retried promotion of a candidate that had
+            // restarted empty, then its re-point of the newer master.
+            (188, None, true, true),
         ] {
             let r = Run {
                 seed,
