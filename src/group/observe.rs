@@ -877,6 +877,10 @@ impl Group {
                 pause,
                 after,
             });
+            // Renewed (`keep_paused`) half a pause after it begins, not at
+            // once: a renewal now would take the other daemons' reconnect
+            // from them.
+            self.pause_renewed_at = Some(now + after);
         }
         if let Some(t) = t {
             self.on_sdown_transition(addr, t);
