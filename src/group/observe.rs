@@ -38,9 +38,6 @@ pub(super) struct Instance {
     /// When it turned from replica to master on one connection (a
     /// promotion: a leader's, or by hand), until it reports another role.
     pub(super) promoted_in_place_at: Option<Instant>,
-    /// When it was last seen up again after an SDOWN while it was this
-    /// daemon's master.
-    pub(super) up_again_at: Option<Instant>,
     pub(super) last_action: Option<Instant>,
     pub(super) wrong_master_since: Option<Instant>,
     /// Its last reply was `-BUSY`: alive, but running a script.
@@ -356,7 +353,6 @@ impl Group {
                 ip: addr.ip(),
                 role_changed_at: None,
                 promoted_in_place_at: None,
-                up_again_at: None,
                 last_action: None,
                 wrong_master_since: None,
                 busy: false,
@@ -998,12 +994,6 @@ impl Group {
                 0.0
             }
             Transition::Up => {
-                let now = self.now;
-                if *addr == self.master
-                    && let Some(i) = self.instances.get_mut(addr)
-                {
-                    i.up_again_at = Some(now);
-                }
                 self.emit(EventKind::SdownCleared, &detail);
                 1.0
             }

@@ -88,21 +88,7 @@ impl Group {
         // far more likely a replica that a leader has just promoted, whose
         // new config has not reached this daemon yet: demoting it would
         // undo the failover and trigger a second one.
-        //
-        // And up for PROMOTED_GRACE since it was last down, as Sentinel
-        // asks of the master before it converts anything
-        // (`sentinelRedisInstanceNoDownFor`): while this daemon's master
-        // was down, the others may have failed it over, and their config
-        // may still be on its way when it comes back. Without this, a
-        // daemon cut off while its master was down and back with it
-        // demoted the master the others had just published, losing what
-        // it had acknowledged (the simulation with switchovers and the
-        // network's faults, seeds 125 and 224).
-        let master_sane = self.reports_master_now(&master)
-            && self.instances.get(&master).is_some_and(|i| {
-                i.up_again_at
-                    .is_none_or(|t| now.saturating_duration_since(t) >= PROMOTED_GRACE)
-            });
+        let master_sane = self.reports_master_now(&master);
         let master_read_at = self.instances.get(&master).and_then(|i| i.info_at);
         let mut reread_master = false;
         let intended = self.election.intended(self.config_epoch).cloned();
