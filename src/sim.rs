@@ -2,4 +2,6 @@
 //! `picket-sim` binary: not an API (hidden from the documentation), and not
 //! linked into the daemon, which never calls it.
 
-pub use crate::group::scenario::run::{NetFaults, Outcome, Run, known_open_with_net, run};
+pub use crate::group::scenario::run::{
+    NetFaults, Outcome, Run, known_open, known_open_with_net, run,
+};

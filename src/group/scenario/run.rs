@@ -61,11 +61,24 @@ pub struct Outcome {
 /// epoch, epochs, fence, publication, the backend's routing, votes,
 /// leaders, selection) is never known open.
 pub fn known_open_with_net(violation: &str) -> bool {
-    violation.contains(" ms: invariant 19: ")
-        || violation.contains(", the master clients are routed to at epoch ")
-        || violation.contains(", which is a replica")
+    known_open(violation)
+        || violation.contains(" ms: invariant 19: ")
         || violation.starts_with("not settled ")
         || (violation.starts_with("settled on ") && violation.ends_with(" do not follow it"))
+}
+
+/// Whether a violation is of a kind still open with or without the
+/// network's faults: invariant 20, a daemon back from a cut shorter than
+/// its peers' hello TTL, its master sane, that demotes the master the
+/// others published meanwhile (seed 594 of three daemons, one in 3,000;
+/// seeds 39, 125, 224 with `--ops --net --server-cuts`), and with a gating
+/// Service the Service then routing to that demoted server. A fix
+/// (Sentinel's wait after the master was down) was taken back
+/// (docs/reliability.md, "Simulation"). Printed as KNOWN OPEN; every other
+/// violation fails a run without the network.
+pub fn known_open(violation: &str) -> bool {
+    violation.contains(", the master clients are routed to at epoch ")
+        || violation.contains(", which is a replica")
 }
 
 impl Run {
