@@ -790,6 +790,29 @@ impl Sim {
         }
     }
 
+    /// Daemon `i` is up and not stalled.
+    fn running(&self, i: usize) -> bool {
+        self.daemons[i].up && !self.net.stalled(i, self.ms)
+    }
+
+    /// Daemon `i` hears daemon `j` both ways, `j` running (itself always).
+    fn hears(&self, i: usize, j: usize) -> bool {
+        i == j || (!self.cut(i, j) && self.running(j) && self.net.both_ways(i, j, self.ms))
+    }
+
+    /// Daemon `i` is up and in the life `asked` was (one restarted since
+    /// has forgotten what it asked).
+    fn same_life(&self, i: usize, asked: &Arc<DaemonCtx>) -> bool {
+        self.daemons[i].up && Arc::ptr_eq(&self.daemons[i].ctx, asked)
+    }
+
+    /// Feed `result` to daemon `i` if it is still in the life `asked` was.
+    async fn feed_back(&mut self, i: usize, asked: &Arc<DaemonCtx>, result: Internal) {
+        if self.same_life(i, asked) {
+            Box::pin(self.wake(i, Woken::Internal(Box::new(result)))).await;
+        }
+    }
+
     /// Whether a majority of the daemons can watch server `a` and decide
     /// now: each up, running (not stalled), hearing `a`'s replies, and
     /// hearing both ways a majority of the daemons (itself included) that
@@ -797,18 +820,14 @@ impl Sim {
     /// scenario's cuts do.
     fn majority_watches(&self, a: &Addr) -> bool {
         let n = self.daemons.len();
-        let ms = self.ms;
         let now = self.now();
-        let running = |i: usize| self.daemons[i].up && !self.net.stalled(i, ms);
         // A daemon in TILT neither decides nor answers that a server is
         // down (after a stall, for max(3 × down_after, 3 s)).
-        let deciding = |i: usize| running(i) && !self.daemons[i].ctx.tilt.active(now);
-        let hear = |i: usize, j: usize| {
-            i == j || (!self.cut(i, j) && running(j) && self.net.both_ways(i, j, ms))
-        };
+        let deciding = |i: usize| self.running(i) && !self.daemons[i].ctx.tilt.active(now);
+        let hear = |i: usize, j: usize| self.hears(i, j);
         let watching = (0..n)
             .filter(|&i| deciding(i) && !self.cut_server.contains(&(i, a.clone())))
-            .filter(|&i| self.net.hears_server(i, a, ms))
+            .filter(|&i| self.net.hears_server(i, a, self.ms))
             .filter(|&i| (0..n).filter(|&j| hear(i, j)).count() > n / 2)
             .count();
         watching > n / 2

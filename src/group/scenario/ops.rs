@@ -163,15 +163,11 @@ impl Sim {
                     sw.candidate
                 ),
             );
-            let d = &self.daemons[sw.daemon];
-            if !d.up || !Arc::ptr_eq(&d.ctx, &sw.ctx) {
-                continue;
-            }
-            if r.is_ok() {
+            if r.is_ok() && self.same_life(sw.daemon, &sw.ctx) {
                 self.promoted.insert((sw.daemon, sw.epoch));
             }
             let result = Internal::Failover(sw.epoch, Input::Promoted(r));
-            Box::pin(self.wake(sw.daemon, Woken::Internal(Box::new(result)))).await;
+            self.feed_back(sw.daemon, &sw.ctx, result).await;
         }
     }
 
@@ -204,13 +200,7 @@ impl Sim {
     /// grace a stray master gets does demote it, as Sentinel does: it
     /// cannot know.
     pub(super) fn check_routed_kept(&mut self, i: usize, a: &Addr, what: &str) {
-        let p = self.routed_by;
-        let hears = p == i
-            || (!self.cut(i, p)
-                && self.daemons[p].up
-                && !self.net.stalled(p, self.ms)
-                && self.net.both_ways(i, p, self.ms));
-        if hears
+        if self.hears(i, self.routed_by)
             && self.routing.1.as_ref() == Some(a)
             && self
                 .servers

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Sim, Woken};
+use super::Sim;
 use crate::addr::Addr;
 use crate::context::DaemonCtx;
 use crate::discovery::runner::{BackendFailure, FailureReason, OpKind, RunnerError};
@@ -202,12 +202,8 @@ impl Sim {
             ));
         }
         for (f, r) in done {
-            let d = &self.daemons[f.daemon];
-            if !d.up || !Arc::ptr_eq(&d.ctx, &f.ctx) {
-                continue;
-            }
             let result = Internal::Failover(f.epoch, Input::Fenced(r));
-            Box::pin(self.wake(f.daemon, Woken::Internal(Box::new(result)))).await;
+            self.feed_back(f.daemon, &f.ctx, result).await;
         }
     }
 }
