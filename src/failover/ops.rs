@@ -169,8 +169,8 @@ impl InstanceOps {
         // The process chosen, not one started since at its address (a
         // leader's retries can outlast a restart of the candidate).
         if let Some(expected) = run_id {
-            let reply = c.call(["INFO", "server"]).await.map_err(perr)?;
-            let now = info::parse_info(&frame_text(&reply).unwrap_or_default()).run_id;
+            let text = c.call_text(["INFO", "server"]).await.map_err(perr)?;
+            let now = info::parse_info(&text).run_id;
             if now.as_deref() != Some(expected) {
                 return Err(PromoteError::CandidateRestarted(format!(
                     "{addr}: run_id {expected} -> {}",
