@@ -229,6 +229,9 @@ struct Group {
     pending_switchover: Option<PendingSwitchover>,
     /// When this daemon last renewed a pause ([`Group::keep_paused`]).
     pause_renewed_at: Option<Instant>,
+    /// A stray master waits for the peers' hellos before it is demoted
+    /// (`repair.rs`): a peer's hello wakes the topology check too.
+    awaiting_hellos: bool,
     last_failover: Option<LastFailover>,
     /// When the task last ran anything, to notice stalls of the process.
     run_clock: RunClock,
@@ -372,6 +375,7 @@ impl Group {
             switchover_reply: None,
             pending_switchover: None,
             pause_renewed_at: None,
+            awaiting_hellos: false,
             last_failover: None,
             run_clock: RunClock::new(
                 now,
@@ -444,6 +448,9 @@ impl Group {
             Woken::Peers => {
                 self.check_peer_configs(self.now);
                 self.on_peer_sdown_hellos(self.now);
+                if self.awaiting_hellos {
+                    self.check_topology(self.now);
+                }
                 self.dirty = true;
                 true
             }

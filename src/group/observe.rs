@@ -38,6 +38,10 @@ pub(super) struct Instance {
     /// When it turned from replica to master on one connection (a
     /// promotion: a leader's, or by hand), until it reports another role.
     pub(super) promoted_in_place_at: Option<Instant>,
+    /// When it last left SDOWN: an INFO read before says nothing of the
+    /// process that answers now (it may have restarted while its replies
+    /// were lost, and the connection not yet seen reset).
+    pub(super) up_again_at: Option<Instant>,
     pub(super) last_action: Option<Instant>,
     pub(super) wrong_master_since: Option<Instant>,
     /// Its last reply was `-BUSY`: alive, but running a script.
@@ -204,7 +208,9 @@ impl Instance {
     pub(super) fn fresh(&self) -> bool {
         self.connected
             && !self.sdown.is_down()
-            && self.info_at.is_some_and(|t| Some(t) >= self.connected_at)
+            && self
+                .info_at
+                .is_some_and(|t| Some(t) >= self.connected_at && Some(t) >= self.up_again_at)
     }
 }
 
@@ -353,6 +359,7 @@ impl Group {
                 ip: addr.ip(),
                 role_changed_at: None,
                 promoted_in_place_at: None,
+                up_again_at: None,
                 last_action: None,
                 wrong_master_since: None,
                 busy: false,
@@ -995,6 +1002,12 @@ impl Group {
             }
             Transition::Up => {
                 self.emit(EventKind::SdownCleared, &detail);
+                // What it said before it went down is no longer taken for
+                // what it is (`Instance::fresh`): read it now.
+                if let Some(i) = self.instances.get_mut(addr) {
+                    i.up_again_at = Some(self.now);
+                }
+                self.refresh_info(addr);
                 1.0
             }
         };

@@ -28,6 +28,24 @@ use crate::resp::RespError;
 /// simulation with the network's faults, seed 176).
 const PROMOTED_GRACE: Duration = Duration::from_secs(4);
 
+/// When `inst` last appeared as what it is now: its role changed, it was
+/// connected again, or it answered again after it was down. A stray
+/// master is demoted only once a majority's hellos came after that: a
+/// replica the other daemons promoted while this daemon was cut off,
+/// stalled or restarting, or whose promotion it did not see, looks here
+/// exactly like a returning old master or a restarted replica, and only
+/// the peers' configs tell them apart (the simulation: seed 594, a
+/// daemon back from a cut of 2.6 s demoted the master published
+/// meanwhile, 80 ms after the cut healed; 497 and 628, the same after the
+/// daemon's own master or the stray restarted). The hello exchange it
+/// asks for answers within a round trip.
+fn appeared_at(inst: &super::observe::Instance) -> Option<Instant> {
+    [inst.role_changed_at, inst.connected_at, inst.up_again_at]
+        .into_iter()
+        .flatten()
+        .max()
+}
+
 impl Group {
     /// Whether this daemon may reconfigure instances on its own: not in
     /// TILT, no election or failover, and its config confirmed by a
@@ -88,7 +106,14 @@ impl Group {
         // far more likely a replica that a leader has just promoted, whose
         // new config has not reached this daemon yet: demoting it would
         // undo the failover and trigger a second one.
-        let master_sane = self.reports_master_now(&master);
+        // A master that restarted and is not judged yet (its replicas'
+        // holdings still to be read) is not sane either: it may be the
+        // empty server the others have already failed over.
+        let master_sane = self.reports_master_now(&master)
+            && self
+                .instances
+                .get(&master)
+                .is_some_and(|i| !i.reboot_unjudged);
         let master_read_at = self.instances.get(&master).and_then(|i| i.info_at);
         let mut reread_master = false;
         let intended = self.election.intended(self.config_epoch).cloned();
@@ -102,6 +127,20 @@ impl Group {
             (self.wire(&master), None)
         };
         let intended_id = intended.as_ref().map(|a| (a.clone(), self.ip_of(a)));
+        // This daemon and the peers whose hello came after `t`: with a
+        // majority of them, no newer config was in flight at `t` that this
+        // daemon has not heard (it would have come with a hello, and
+        // `may_reconfigure` would have stood this daemon down).
+        let peers = self.peers.clone();
+        let majority = self.ctx.majority();
+        let heard_by_majority_since = |t: Instant| {
+            1 + peers
+                .iter()
+                .filter(|e| e.last_hello.is_some_and(|h| h >= t))
+                .count()
+                >= majority
+        };
+        let mut awaiting_hellos = false;
         let mut demote = Vec::new();
         let mut repoint = Vec::new();
         for inst in self.instances.values_mut() {
@@ -142,6 +181,23 @@ impl Group {
                             .promoted_in_place_at
                             .is_some_and(|t| now.saturating_duration_since(t) < PROMOTED_GRACE) => {
                 }
+                // A server this daemon read as something else before (a
+                // replica, or nothing in this life of the daemon) and sees
+                // as a master only now, on a new connection: a restarted
+                // replica or a master a leader promoted while this daemon
+                // was cut off, stalled or down cannot be told apart here.
+                // Demoted only once a majority's hellos arrived after it
+                // was seen a master: a newer config would have come with
+                // them (the simulation, seed 594: a daemon back from a cut
+                // of 2.6 s demoted the master published meanwhile, 80 ms
+                // after the cut healed). A master known as one before
+                // (the returning old master) is not held back.
+                Role::Master
+                    if master_sane
+                        && appeared_at(inst).is_some_and(|t| !heard_by_majority_since(t)) =>
+                {
+                    awaiting_hellos = true;
+                }
                 Role::Master if master_sane => {
                     let confirmed = match (inst.role_changed_at, master_read_at) {
                         (Some(turned), Some(read)) => read >= turned,
@@ -179,6 +235,12 @@ impl Group {
         if reread_master {
             self.refresh_info(&master);
         }
+        // Asked once per wait: the hellos' replies come back within a
+        // round trip, and a peer's hello wakes the group to look again.
+        if awaiting_hellos && !self.awaiting_hellos {
+            self.ctx.hello_now.notify_one();
+        }
+        self.awaiting_hellos = awaiting_hellos;
         self.dirty |= !demote.is_empty() || !repoint.is_empty();
         for (addr, flavour) in demote {
             self.emit(EventKind::ConvertToSlave, &Detail::Replica(addr.clone()));

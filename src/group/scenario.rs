@@ -1991,3 +1991,67 @@ async fn a_daemon_restarted_while_its_master_restarted_empty_still_judges_it() {
     sim.assert_followed(7001, &[7002]);
     sim.assert_no_violation();
 }
+
+/// A daemon cut off from everything while the others failed its master
+/// over, back as its old master returns with its data: to it the
+/// promoted replica is a server it last read as a replica, on another
+/// connection, and its own master looks sane. It waits for the peers'
+/// hellos, adopts their config, and the returning master is demoted, not
+/// the one clients are routed to (the simulation, seed 594: the daemon
+/// demoted it 80 ms after the cut healed, and the writes it had
+/// acknowledged were lost).
+#[tokio::test]
+async fn a_daemon_back_from_a_cut_hears_the_peers_before_it_demotes_a_master() {
+    let mut sim = Sim::new(3, 2, 5);
+    sim.run_for(3_050).await;
+    // 7001 restarts with its data (a new process, still a replica of
+    // 7000): every daemon's connection to it is gone and made anew.
+    sim.servers.get_mut(&addr(7001)).alive = false;
+    sim.run_for(200).await;
+    // Daemon 2 is cut off from the others and from every server, and
+    // 7001 comes back; 7000 dies; 0 and 1 promote 7001.
+    sim.cut_daemons.extend([(2, 0), (2, 1)]);
+    for p in [7000, 7001, 7002] {
+        sim.cut_server.insert((2, addr(p)));
+    }
+    {
+        let s = sim.servers.get_mut(&addr(7001));
+        s.alive = true;
+        s.run_id = "e".repeat(40);
+    }
+    sim.run_for(300).await;
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    let leader = sim.run_until_promotion().await;
+    assert!(leader < 2, "{:#?}", sim.trace);
+    // Healed well within the peers' hello TTL: daemon 2 still counts
+    // their hellos from before the cut.
+    sim.run_for(400).await;
+    assert_eq!(sim.routing, (1, Some(addr(7001))), "{:#?}", sim.trace);
+    // The cut heals as 7000 comes back with its data; the others do not
+    // reach 7000 yet (they would demote it first).
+    sim.servers.get_mut(&addr(7000)).alive = true;
+    sim.cut_daemons.clear();
+    sim.cut_server.clear();
+    sim.cut_server.extend([(0, addr(7000)), (1, addr(7000))]);
+    sim.run_for(1_000).await;
+    sim.cut_server.clear();
+    sim.run_for(2_000).await;
+    assert!(
+        !sim.trace
+            .iter()
+            .any(|(_, _, w)| w.starts_with("demote 127.0.0.1:7001")),
+        "the routed master was demoted: {:#?}",
+        sim.trace
+    );
+    for d in &sim.daemons {
+        assert_eq!(
+            (&d.g.master, d.g.config_epoch),
+            (&addr(7001), 1),
+            "{}: {:#?}",
+            d.ctx.id,
+            sim.trace
+        );
+    }
+    sim.assert_followed(7001, &[7000, 7002]);
+    sim.assert_no_violation();
+}
