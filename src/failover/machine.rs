@@ -106,6 +106,9 @@ pub enum Input {
     /// replicas hold): before the publication the old master, after it
     /// the new one.
     MasterDown,
+    /// Another daemon began an election in this newer epoch: it no
+    /// longer waits for this one.
+    Superseded(u64),
 }
 
 /// What the driver must do.
@@ -402,6 +405,24 @@ impl Failover {
             }
             (Phase::Promoting, Input::Promoted(Err(PromoteError::CandidateRestarted(e)))) => {
                 self.abort(format!("the candidate restarted: {e}"))
+            }
+            (Phase::Fencing | Phase::Promoting, Input::Superseded(epoch)) if epoch > self.epoch => {
+                // A leader whose promotion has not been confirmed yet
+                // steps down: the others' newer leader promotes (and
+                // re-points) on its own, and a retry of this one reaching
+                // its candidate afterwards made it a second master and
+                // re-pointed the newer master to it (the simulation with
+                // operations, seeds 674 and 807: a leader cut off from
+                // everything retried its promotion every 200 ms until
+                // `failover_timeout`). Once promoted, it publishes: the
+                // backends refuse its epoch if the newer one came first.
+                let why = format!("a newer election began (epoch {epoch})");
+                self.phase = Phase::Aborted;
+                vec![
+                    // Sentinel's name for a leader that lost its election.
+                    Action::Event(EventKind::AbortNotElected, Detail::MasterAnd(why.clone())),
+                    Action::Finished(Outcome::Aborted(why)),
+                ]
             }
             (Phase::Promoting, Input::MasterDown) if self.kind == Kind::Switchover => {
                 // The old master died or came back with less during the
@@ -829,6 +850,39 @@ mod tests {
         );
         let acts = f.step(Instant::now(), Input::Promoted(Ok(())));
         assert!(acts.contains(&Action::Publish { master: a(2) }), "{acts:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_not_promoted_yet_steps_down_for_a_newer_election() {
+        // Retrying its promotion: a newer epoch ends it, an older or the
+        // same one does not.
+        let (mut f, _) = start(Kind::Unplanned, false, vec![a(3)], 1);
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        f.step(
+            Instant::now(),
+            Input::Promoted(Err(PromoteError::Promotion("unreachable".into()))),
+        );
+        // (The failover's epoch is 7.)
+        assert!(f.step(Instant::now(), Input::Superseded(7)).is_empty());
+        let acts = f.step(Instant::now(), Input::Superseded(8));
+        assert!(
+            acts.iter()
+                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))),
+            "{acts:?}"
+        );
+        assert!(
+            acts.iter()
+                .any(|x| matches!(x, Action::Event(EventKind::AbortNotElected, _))),
+            "{acts:?}"
+        );
+        assert_eq!(f.phase(), Phase::Aborted);
+        // Promoted already: it publishes, and the backends arbitrate.
+        let (mut f, _) = start(Kind::Unplanned, false, vec![a(3)], 1);
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        let acts = f.step(Instant::now(), Input::Promoted(Ok(())));
+        assert!(acts.contains(&Action::Publish { master: a(2) }), "{acts:?}");
+        assert!(f.step(Instant::now(), Input::Superseded(8)).is_empty());
+        assert_eq!(f.phase(), Phase::Publishing);
     }
 
     #[tokio::test(start_paused = true)]

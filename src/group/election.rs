@@ -315,6 +315,13 @@ impl Group {
         q: IsDownQuery,
         reply: oneshot::Sender<Result<IsDownReply, StateError>>,
     ) {
+        self.note_newer_epoch(q.epoch);
+        if q.candidate.is_some()
+            && q.epoch > self.config_epoch
+            && let Some(p) = &q.promote
+        {
+            self.election.note_asked(q.epoch, p.clone());
+        }
         let tilt = self.ctx.tilt.active(now);
         // The master of a newer config than this daemon's (one it has not
         // adopted) is down to it when it is down or no master at all.

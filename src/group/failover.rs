@@ -45,6 +45,7 @@ impl Group {
             machine,
             started: ballot.started,
             candidate_run_id,
+            superseded: false,
         });
         self.emit(EventKind::FailoverStateSelectSlave, &Detail::Master);
         self.run_failover_actions(actions);
@@ -56,6 +57,46 @@ impl Group {
         };
         let actions = run.machine.step(now, input);
         self.run_failover_actions(actions);
+    }
+
+    /// A failover that stepped down for a newer election left the
+    /// backends fenced at its epoch: once that election has published
+    /// nothing newer for `failover_timeout`, this daemon routes its master
+    /// again at the fence's epoch, as an aborted failover does at once
+    /// (the simulation with operations, seed 544: the newer leader was cut
+    /// off, and clients had no master).
+    pub(super) fn republish_after_stepping_down(&mut self, now: Instant) {
+        let Some((epoch, due)) = self.stepped_down else {
+            return;
+        };
+        if self.config_epoch >= epoch {
+            self.stepped_down = None;
+            return;
+        }
+        if now < due || self.failover.is_some() || self.election.busy() {
+            return;
+        }
+        self.stepped_down = None;
+        tracing::info!(group = %self.cfg.name, epoch, master = %self.master, "no newer election published a master: routing the master again at this daemon's fence");
+        self.adopt_master(self.master.clone(), epoch, Reporter::Leader, None);
+        let topology = self.topology(Reporter::Leader, None);
+        self.persist_and_publish(topology, false);
+    }
+
+    /// `epoch` seen in a peer's hello or question: this daemon's failover,
+    /// if older and not promoted yet, steps down for that election.
+    pub(super) fn note_newer_epoch(&mut self, epoch: u64) {
+        let Some(run) = self.failover.as_mut() else {
+            return;
+        };
+        if epoch <= run.machine.epoch
+            || !matches!(run.machine.phase(), Phase::Fencing | Phase::Promoting)
+        {
+            return;
+        }
+        tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, newer = epoch, "another daemon began a newer election; this failover steps down");
+        run.superseded = true;
+        self.machine_input(self.now, Input::Superseded(epoch));
     }
 
     /// The result of a step of the failover of `epoch`: fed to the machine
@@ -302,6 +343,18 @@ impl Group {
         // A completed failover: the next one may start whenever needed.
         self.election.on_failover_end(now, completed);
         if !completed
+            && run.superseded
+            && self.master == run.machine.old_master
+            && self.config_epoch <= run.machine.epoch
+        {
+            // Stepped down for a newer election: that leader fences and
+            // publishes above this fence. Routing the old master again
+            // now would have that leader abandon its failover for it
+            // (`adopt_from_peer`); if that election comes to nothing,
+            // the master is routed again at this fence's epoch after
+            // `failover_timeout` (`republish_after_stepping_down`).
+            self.stepped_down = Some((run.machine.epoch, now + self.cfg.failover_timeout));
+        } else if !completed
             && self.master == run.machine.old_master
             && self.config_epoch <= run.machine.epoch
         {

@@ -191,6 +191,9 @@ struct Running {
     /// The candidate's `run_id` when the failover started (what its
     /// promotion checks).
     candidate_run_id: Option<String>,
+    /// Stepped down for a newer election ([`Input::Superseded`]): its
+    /// abort leaves the backends to that election.
+    superseded: bool,
 }
 
 /// Everything the task owns.
@@ -232,6 +235,10 @@ struct Group {
     /// A stray master waits for the peers' hellos before it is demoted
     /// (`repair.rs`): a peer's hello wakes the topology check too.
     awaiting_hellos: bool,
+    /// This daemon's failover stepped down for a newer election with the
+    /// backends fenced at its epoch: that epoch, and when to route the
+    /// master again at it if nothing newer was published by then.
+    stepped_down: Option<(u64, Instant)>,
     last_failover: Option<LastFailover>,
     /// When the task last ran anything, to notice stalls of the process.
     run_clock: RunClock,
@@ -376,6 +383,7 @@ impl Group {
             pending_switchover: None,
             pause_renewed_at: None,
             awaiting_hellos: false,
+            stepped_down: None,
             last_failover: None,
             run_clock: RunClock::new(
                 now,
@@ -450,6 +458,14 @@ impl Group {
                 self.on_peer_sdown_hellos(self.now);
                 if self.awaiting_hellos {
                     self.check_topology(self.now);
+                }
+                let newest = self
+                    .peers
+                    .iter()
+                    .filter_map(|e| e.hello.as_ref().map(|h| h.current_epoch))
+                    .max();
+                if let Some(epoch) = newest {
+                    self.note_newer_epoch(epoch);
                 }
                 self.dirty = true;
                 true
@@ -694,6 +710,7 @@ impl Group {
             self.machine_input(now, crate::failover::machine::Input::Tick);
         }
         self.keep_paused(now);
+        self.republish_after_stepping_down(now);
         self.check_topology(now);
         self.isolation_tick(now);
         // Gauges that change continuously are exported once a second, not

@@ -382,6 +382,17 @@ impl Election {
         self.intended = Some((epoch, replica));
     }
 
+    /// A daemon asked for votes in `epoch` to promote `replica`, whether
+    /// or not this one voted for it: its config may reach this daemon
+    /// after the promotion, and the replica, a master by then, must not be
+    /// taken for a stray meanwhile (the simulation, seed 2108: a daemon
+    /// whose peers had just restarted demoted it on an older hello).
+    pub fn note_asked(&mut self, epoch: u64, replica: Addr) {
+        if self.intended.as_ref().is_none_or(|(e, _)| *e < epoch) {
+            self.intended = Some((epoch, replica));
+        }
+    }
+
     /// The replica a leader of a newer epoch than `config_epoch` intends
     /// to promote: it must be neither demoted nor re-pointed.
     pub fn intended(&self, config_epoch: u64) -> Option<&Addr> {

@@ -209,6 +209,22 @@ mod tests {
             // A stale leader's retried promotion of a candidate that had
             // restarted empty, then its re-point of the newer master.
             (188, None, true, true),
+            // A daemon back from a cut demoted the master published
+            // meanwhile, at its first INFO after the cut.
+            (594, None, false, false),
+            (628, None, false, false),
+            // A leader cut off from everything retried its promotion
+            // after a newer election had begun, and re-pointed the newer
+            // master to its candidate.
+            (674, None, true, true),
+            (807, None, true, true),
+            (290, cuts, true, true),
+            // Leaders that stepped down for a newer election that came to
+            // nothing: the master routed again at the fence's epoch.
+            (544, None, true, true),
+            // A daemon asked to vote for a promotion it did not vote for
+            // demoted the promoted replica on an older peer's hello.
+            (2108, None, false, false),
         ] {
             let r = Run {
                 seed,
