@@ -47,11 +47,19 @@ impl<'a> ReplicaSet<'a> {
             .and_then(|i| i.sdown.down_since())
             .map(|t| now.saturating_duration_since(t))
             .unwrap_or_default();
+        // A new history only: a master that reloaded its data continues
+        // the one its replicas follow, and every one of them would be
+        // taken for a copy of it (no candidate left: the simulation with
+        // operations, seed 97).
         let restarted_history = instances
             .get(master)
             .filter(|m| m.sdown.rebooted())
-            .and_then(|m| m.info.as_ref())
-            .and_then(|i| i.replid.as_ref());
+            .and_then(|m| {
+                m.info
+                    .as_ref()
+                    .and_then(|i| i.replid.as_ref())
+                    .filter(|h| m.history_before_reboot.as_ref() != Some(*h))
+            });
         ReplicaSet {
             instances,
             master,

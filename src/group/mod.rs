@@ -741,6 +741,7 @@ pub fn hello_groups(groups: &HashMap<String, GroupHandle>) -> Vec<HelloGroup> {
                 config_epoch: v.config_epoch,
                 sdown: v.master_sdown,
                 replicas: Some(isolation::replica_sight(&v)),
+                failover_epoch: v.failover.as_ref().map(|f| f.epoch),
             }
         })
         .collect();

@@ -70,6 +70,11 @@ pub(super) struct Instance {
     /// A restarted master still loading its data: judged against its
     /// replicas once it is done.
     pub(super) reboot_unjudged: bool,
+    /// The replication history it served before its last restart: a
+    /// restart in the same history (its data reloaded) is not a new one
+    /// that replicas copy from, and a stray master that continued it
+    /// holds what the restarted master is judged against.
+    pub(super) history_before_reboot: Option<String>,
     /// Whether its probe holds full copies on reconnecting (the group's
     /// master, Redis or Valkey; see `probe::hold`).
     pub(super) sync_hold_armed: bool,
@@ -372,6 +377,7 @@ impl Group {
                 rebooted_at: None,
                 identity_before: None,
                 reboot_unjudged: false,
+                history_before_reboot: None,
                 sync_hold_armed: false,
                 sync_hold: None,
             }),
@@ -671,6 +677,7 @@ impl Group {
                 {
                     inst.rebooted_at = Some(at);
                     inst.reboot_unjudged = is_master;
+                    inst.history_before_reboot = before.replid.clone();
                     reboot = Some(why);
                 }
                 inst.last_seen_master = info.role == Role::Master || is_master;
@@ -829,13 +836,26 @@ impl Group {
         {
             return;
         }
+        // The replicas, and a master that serves the history the
+        // restarted one served before (a replica promoted meanwhile, by a
+        // leader whose config has not reached this daemon, or left a
+        // master by a failover that stepped down): kept, the restarted
+        // master would have it demoted to it as a stray and emptied (the
+        // simulation, seed 1345 of `--ops --service`). Judged behind it,
+        // the restarted master is failed over, and that master, a
+        // candidate like any other, is chosen if it holds the most.
+        let history = inst.history_before_reboot.as_ref();
+        let continues = |i: &InfoSnapshot| {
+            history.is_some_and(|h| i.replid.as_ref() == Some(h) || i.replid2.as_ref() == Some(h))
+        };
         let holdings: Vec<reboot::Holding> = self
             .instances
             .values()
             .filter(|r| r.addr != *addr)
             .filter_map(|r| {
                 let i = r.info.as_deref()?;
-                (i.role == Role::Replica).then(|| reboot::Holding::of(r.addr.to_string(), i))
+                (i.role == Role::Replica || (i.role == Role::Master && continues(i)))
+                    .then(|| reboot::Holding::of(r.addr.to_string(), i))
             })
             .collect();
         let mut verdict = reboot::judge(info, &holdings);

@@ -63,6 +63,19 @@ impl Group {
             {
                 return false;
             }
+            // A peer that leads an election or failover newer than this
+            // daemon's config, by its last hello within the TTL: the
+            // replica it promotes is a master before its config comes (the
+            // simulation, seed 351 with operations: a daemon just
+            // restarted demoted it on that leader's hello of a moment
+            // before its publication).
+            if e.hello_within(now, PEER_TTL)
+                && e.group(&self.cfg.name)
+                    .and_then(|g| g.failover_epoch)
+                    .is_some_and(|f| f > self.config_epoch)
+            {
+                return false;
+            }
             // Only a recent hello confirms the peer's config; an answer to
             // IS-DOWN proves it is alive, not what it believes (a daemon
             // back from a partition hears answers before hellos).

@@ -1109,6 +1109,7 @@ impl Sim {
                     config_epoch: v.config_epoch,
                     sdown: v.master_sdown,
                     replicas: Some(super::isolation::replica_sight(&v)),
+                    failover_epoch: v.failover.as_ref().map(|f| f.epoch),
                 }],
             };
             for j in 0..n {

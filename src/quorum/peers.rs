@@ -61,6 +61,11 @@ pub struct HelloGroup {
     /// predate it: such a daemon's sight is unknown, never "none up".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<ReplicaSight>,
+    /// The epoch of the election or failover the sender leads, while one
+    /// runs: its config may come after a promotion the others already
+    /// see. Absent when none runs, and from daemons that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover_epoch: Option<u64>,
 }
 
 /// How many of a master's replicas one daemon sees.
@@ -369,11 +374,14 @@ mod tests {
             "groups":[{"name":"cache","master":"10.0.0.5:6379","config_epoch":2,"sdown":false}]}"#;
         let h: Hello = serde_json::from_str(old).unwrap();
         assert_eq!(h.groups[0].replicas, None);
+        assert_eq!(h.groups[0].failover_epoch, None);
         // And what it receives from a newer one (unknown fields ignored).
         let mut g = h.groups[0].clone();
         g.replicas = Some(ReplicaSight { up: 2, linked: 1 });
+        g.failover_epoch = Some(4);
         let json = serde_json::to_string(&g).unwrap();
         assert!(json.contains(r#""replicas":{"up":2,"linked":1}"#), "{json}");
+        assert!(json.contains(r#""failover_epoch":4"#), "{json}");
         let back: HelloGroup = serde_json::from_str(&json).unwrap();
         assert_eq!(back, g);
         #[derive(Deserialize)]

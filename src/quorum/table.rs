@@ -291,6 +291,7 @@ mod tests {
             config_epoch: 1,
             sdown: false,
             replicas: None,
+            failover_epoch: None,
         });
         t.record_hello(&h, now);
         assert!(rx.has_changed().unwrap());

@@ -68,14 +68,15 @@ pub fn known_open_with_net(violation: &str) -> bool {
 }
 
 /// Whether a violation is of a kind still open with or without the
-/// network's faults: invariant 20, a daemon back from a cut shorter than
-/// its peers' hello TTL, its master sane, that demotes the master the
-/// others published meanwhile (seed 594 of three daemons, one in 3,000;
-/// seeds 39, 125, 224 with `--ops --net --server-cuts`), and with a gating
-/// Service the Service then routing to that demoted server. A fix
-/// (Sentinel's wait after the master was down) was taken back
-/// (docs/reliability.md, "Simulation"). Printed as KNOWN OPEN; every other
-/// violation fails a run without the network.
+/// network's faults: invariant 20 (the routed master made a replica by a
+/// daemon that hears its publisher), and with a gating Service the
+/// Service then routing to that demoted server. Its known causes are
+/// fixed (a daemon back from a cut demoting the master published
+/// meanwhile, a stale leader's retried promotion: docs/reliability.md,
+/// "Simulation"); none was seen without the network in 6,000 schedules of
+/// the ninth session, but it stays printed as KNOWN OPEN rather than fail
+/// CI's fresh seeds until more sweeps say so. Every other violation fails
+/// a run without the network.
 pub fn known_open(violation: &str) -> bool {
     violation.contains(", the master clients are routed to at epoch ")
         || violation.contains(", which is a replica")
@@ -225,6 +226,12 @@ mod tests {
             // A daemon asked to vote for a promotion it did not vote for
             // demoted the promoted replica on an older peer's hello.
             (2108, None, false, false),
+            // A master restarted behind a stray master of its own history:
+            // judged behind it and failed over to it, not kept and the
+            // stray emptied; and a master that reloaded its data does not
+            // make every replica of its history a copy of it.
+            (1345, None, true, true),
+            (97, None, true, true),
         ] {
             let r = Run {
                 seed,
