@@ -194,17 +194,9 @@ impl Group {
                             .promoted_in_place_at
                             .is_some_and(|t| now.saturating_duration_since(t) < PROMOTED_GRACE) => {
                 }
-                // A server this daemon read as something else before (a
-                // replica, or nothing in this life of the daemon) and sees
-                // as a master only now, on a new connection: a restarted
-                // replica or a master a leader promoted while this daemon
-                // was cut off, stalled or down cannot be told apart here.
-                // Demoted only once a majority's hellos arrived after it
-                // was seen a master: a newer config would have come with
-                // them (the simulation, seed 594: a daemon back from a cut
-                // of 2.6 s demoted the master published meanwhile, 80 ms
-                // after the cut healed). A master known as one before
-                // (the returning old master) is not held back.
+                // Not before a majority's hellos came after it appeared
+                // (`appeared_at`): meanwhile the daemon waits, and has
+                // asked for them.
                 Role::Master
                     if master_sane
                         && appeared_at(inst).is_some_and(|t| !heard_by_majority_since(t)) =>
