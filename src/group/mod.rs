@@ -232,9 +232,10 @@ struct Group {
     pending_switchover: Option<PendingSwitchover>,
     /// When this daemon last renewed a pause ([`Group::keep_paused`]).
     pause_renewed_at: Option<Instant>,
-    /// A stray master waits for the peers' hellos before it is demoted
-    /// (`repair.rs`): a peer's hello wakes the topology check too.
-    awaiting_hellos: bool,
+    /// A stray master waits for the peers' hellos that came after this
+    /// time before it is demoted (`repair.rs`): a peer's hello wakes the
+    /// topology check too.
+    awaiting_hellos: Option<Instant>,
     /// This daemon's failover stepped down for a newer election with the
     /// backends fenced at its epoch: that epoch, and when to route the
     /// master again at it if nothing newer was published by then.
@@ -382,7 +383,7 @@ impl Group {
             switchover_reply: None,
             pending_switchover: None,
             pause_renewed_at: None,
-            awaiting_hellos: false,
+            awaiting_hellos: None,
             stepped_down: None,
             last_failover: None,
             run_clock: RunClock::new(
@@ -456,7 +457,7 @@ impl Group {
             Woken::Peers => {
                 self.check_peer_configs(self.now);
                 self.on_peer_sdown_hellos(self.now);
-                if self.awaiting_hellos {
+                if self.awaiting_hellos.is_some() {
                     self.check_topology(self.now);
                 }
                 let newest = self

@@ -153,7 +153,7 @@ impl Group {
                 .count()
                 >= majority
         };
-        let mut awaiting_hellos = false;
+        let mut awaiting_hellos: Option<Instant> = None;
         let mut demote = Vec::new();
         let mut repoint = Vec::new();
         for inst in self.instances.values_mut() {
@@ -201,7 +201,7 @@ impl Group {
                     if master_sane
                         && appeared_at(inst).is_some_and(|t| !heard_by_majority_since(t)) =>
                 {
-                    awaiting_hellos = true;
+                    awaiting_hellos = awaiting_hellos.max(appeared_at(inst));
                 }
                 Role::Master if master_sane => {
                     let confirmed = match (inst.role_changed_at, master_read_at) {
@@ -240,9 +240,12 @@ impl Group {
         if reread_master {
             self.refresh_info(&master);
         }
-        // Asked once per wait: the hellos' replies come back within a
-        // round trip, and a peer's hello wakes the group to look again.
-        if awaiting_hellos && !self.awaiting_hellos {
+        // Asked once for each time waited from: the hellos' replies come
+        // back within a round trip, and a peer's hello wakes the group to
+        // look again. A stray that appears anew while one waits (it
+        // answered again after its INFO) needs hellos from after that:
+        // waiting for the periodic ones cost half a second on average.
+        if awaiting_hellos > self.awaiting_hellos {
             self.ctx.hello_now.notify_one();
         }
         self.awaiting_hellos = awaiting_hellos;
