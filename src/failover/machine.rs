@@ -630,6 +630,12 @@ mod tests {
         Addr::new("127.0.0.1", p)
     }
 
+    /// Whether `acts` end the failover as aborted.
+    fn aborted(acts: &[Action]) -> bool {
+        acts.iter()
+            .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_))))
+    }
+
     fn start(kind: Kind, flush: bool, replicas: Vec<Addr>, ps: u32) -> (Failover, Vec<Action>) {
         start_on(Flavour::Redis, kind, flush, replicas, ps)
     }
@@ -768,10 +774,7 @@ mod tests {
         assert!(f.step(Instant::now(), Input::Tick).is_empty());
         advance(Duration::from_secs(2)).await;
         let acts = f.step(Instant::now(), Input::Tick);
-        assert!(
-            acts.iter()
-                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_))))
-        );
+        assert!(aborted(&acts), "{acts:?}");
         assert!(!acts.iter().any(|x| matches!(x, Action::Promote { .. })));
     }
 
@@ -790,10 +793,7 @@ mod tests {
                 "old master serves again".into(),
             ))),
         );
-        assert!(
-            acts.iter()
-                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_))))
-        );
+        assert!(aborted(&acts), "{acts:?}");
         assert!(!acts.iter().any(|x| matches!(x, Action::Publish { .. })));
     }
 
@@ -807,11 +807,7 @@ mod tests {
                 "run_id a -> b".into(),
             ))),
         );
-        assert!(
-            acts.iter()
-                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))),
-            "{acts:?}"
-        );
+        assert!(aborted(&acts), "{acts:?}");
         assert!(
             !acts
                 .iter()
@@ -842,12 +838,7 @@ mod tests {
             Instant::now(),
             Input::Promoted(Err(PromoteError::SwitchoverTimedOut("gone".into()))),
         );
-        assert!(
-            !acts
-                .iter()
-                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))),
-            "{acts:?}"
-        );
+        assert!(!aborted(&acts), "{acts:?}");
         let acts = f.step(Instant::now(), Input::Promoted(Ok(())));
         assert!(acts.contains(&Action::Publish { master: a(2) }), "{acts:?}");
     }
@@ -865,11 +856,7 @@ mod tests {
         // (The failover's epoch is 7.)
         assert!(f.step(Instant::now(), Input::Superseded(7)).is_empty());
         let acts = f.step(Instant::now(), Input::Superseded(8));
-        assert!(
-            acts.iter()
-                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_)))),
-            "{acts:?}"
-        );
+        assert!(aborted(&acts), "{acts:?}");
         assert!(
             acts.iter()
                 .any(|x| matches!(x, Action::Event(EventKind::AbortNotElected, _))),
@@ -920,11 +907,7 @@ mod tests {
             x,
             Action::Event(EventKind::PublishIncomplete, Detail::MasterAnd(_))
         )));
-        assert!(
-            !acts
-                .iter()
-                .any(|x| matches!(x, Action::Finished(Outcome::Aborted(_))))
-        );
+        assert!(!aborted(&acts), "{acts:?}");
         assert_eq!(f.phase(), Phase::Reconfiguring);
     }
 

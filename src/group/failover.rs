@@ -78,9 +78,7 @@ impl Group {
         }
         self.stepped_down = None;
         tracing::info!(group = %self.cfg.name, epoch, master = %self.master, "no newer election published a master: routing the master again at this daemon's fence");
-        self.adopt_master(self.master.clone(), epoch, Reporter::Leader, None);
-        let topology = self.topology(Reporter::Leader, None);
-        self.persist_and_publish(topology, false);
+        self.route_kept_master_at(epoch);
     }
 
     /// `epoch` seen in a peer's hello or question: this daemon's failover,
@@ -343,40 +341,40 @@ impl Group {
         // A completed failover: the next one may start whenever needed.
         self.election.on_failover_end(now, completed);
         if !completed
-            && run.superseded
             && self.master == run.machine.old_master
             && self.config_epoch <= run.machine.epoch
         {
-            // Stepped down for a newer election: that leader fences and
-            // publishes above this fence. Routing the old master again
-            // now would have that leader abandon its failover for it
-            // (`adopt_from_peer`); if that election comes to nothing,
-            // the master is routed again at this fence's epoch after
-            // `failover_timeout` (`republish_after_stepping_down`).
-            self.stepped_down = Some((run.machine.epoch, now + self.cfg.failover_timeout));
-        } else if !completed
-            && self.master == run.machine.old_master
-            && self.config_epoch <= run.machine.epoch
-        {
-            // Aborted before publication, after the fence was asked for:
-            // the group keeps its master, as Sentinel does, and the
-            // backends that were fenced (all or some) route to it again,
-            // with the fence's epoch. Left fenced, they stayed without a
-            // master until another failover, which never came once that
-            // master was back (an unplanned failover whose candidate
-            // could not be promoted; the chaos test with
-            // flush_on_failover). An aborted switchover's master serves
-            // again at once; an unplanned one's may still be down, as it
-            // was routed before the failover, and is failed over again
-            // after the back-off.
-            self.adopt_master(
-                self.master.clone(),
-                run.machine.epoch,
-                Reporter::Leader,
-                None,
-            );
-            let topology = self.topology(Reporter::Leader, None);
-            self.persist_and_publish(topology, false);
+            if run.superseded {
+                // Stepped down for a newer election: that leader fences
+                // and publishes above this fence. Routing the old master
+                // again now would have that leader abandon its failover
+                // for it (`adopt_from_peer`); if that election comes to
+                // nothing, the master is routed again at this fence's
+                // epoch after `failover_timeout`
+                // (`republish_after_stepping_down`).
+                self.stepped_down = Some((run.machine.epoch, now + self.cfg.failover_timeout));
+            } else {
+                // Aborted before publication, after the fence was asked
+                // for: the group keeps its master, as Sentinel does, and
+                // the backends that were fenced (all or some) route to it
+                // again, with the fence's epoch. Left fenced, they stayed
+                // without a master until another failover, which never
+                // came once that master was back (an unplanned failover
+                // whose candidate could not be promoted; the chaos test
+                // with flush_on_failover). An aborted switchover's master
+                // serves again at once; an unplanned one's may still be
+                // down, as it was routed before the failover, and is
+                // failed over again after the back-off.
+                self.route_kept_master_at(run.machine.epoch);
+            }
         }
+    }
+
+    /// Route the group's master again, at `epoch` (a fence of this
+    /// daemon's that no publication followed), in every backend.
+    fn route_kept_master_at(&mut self, epoch: u64) {
+        self.adopt_master(self.master.clone(), epoch, Reporter::Leader, None);
+        let topology = self.topology(Reporter::Leader, None);
+        self.persist_and_publish(topology, false);
     }
 }
