@@ -620,6 +620,7 @@ mod tests {
             voted_leader: None,
             voted_epoch: 0,
             failover: None,
+            promoting: None,
             last_failover: None,
             instances: vec![inst("10.0.0.1:6379", true), inst("10.0.0.2:6379", false)],
             peers: vec![

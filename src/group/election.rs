@@ -328,7 +328,7 @@ impl Group {
             && q.epoch > self.config_epoch
             && let Some(p) = &q.promote
         {
-            self.election.note_asked(q.epoch, p.clone());
+            self.election.note_asked(now, q.epoch, p.clone());
         }
         let tilt = self.ctx.tilt.active(now);
         // The master of a newer config than this daemon's (one it has not

@@ -375,7 +375,7 @@ impl Group {
                     && rec.vote_epoch > config_epoch
                     && rec.voted_for.as_deref() != Some(ctx.id.as_str())
                 {
-                    e.restore_intended(rec.vote_epoch, p);
+                    e.restore_intended(now, rec.vote_epoch, p);
                 }
                 e
             },
@@ -734,20 +734,23 @@ impl Group {
 pub fn hello_groups(groups: &HashMap<String, GroupHandle>) -> Vec<HelloGroup> {
     let mut out: Vec<HelloGroup> = groups
         .values()
-        .map(|h| {
-            let v = h.view.borrow();
-            HelloGroup {
-                name: v.name.clone(),
-                master: v.master.clone(),
-                config_epoch: v.config_epoch,
-                sdown: v.master_sdown,
-                replicas: Some(isolation::replica_sight(&v)),
-                failover_epoch: v.failover.as_ref().map(|f| f.epoch),
-            }
-        })
+        .map(|h| hello_group(&h.view.borrow()))
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// What this daemon's hello says of one group, from its view.
+pub(crate) fn hello_group(v: &GroupView) -> HelloGroup {
+    HelloGroup {
+        name: v.name.clone(),
+        master: v.master.clone(),
+        config_epoch: v.config_epoch,
+        sdown: v.master_sdown,
+        replicas: Some(isolation::replica_sight(v)),
+        failover_epoch: v.failover.as_ref().map(|f| f.epoch),
+        promoting: v.promoting.clone(),
+    }
 }
 
 /// The tick of a quiet group: a quarter of `down_after` (at most 1 s, at

@@ -86,6 +86,28 @@ impl Group {
         confirmed >= self.ctx.majority()
     }
 
+    /// The replica a leader is promoting in the newest epoch newer than
+    /// this daemon's config that it knows of: from its own election (it
+    /// leads, voted, or was asked for a vote), or announced by a peer's
+    /// hello within the TTL. The peer's word counts because a daemon that
+    /// was cut off during the election hears of the promotion only from
+    /// the voters until the leader's config reaches it: the simulation
+    /// with the network's faults, seed 728, a daemon back from an
+    /// isolation demoted the master published 220 ms before, on the hello
+    /// of a voter that had not adopted its config yet.
+    pub(super) fn intended_promotion(&self, now: Instant) -> Option<Addr> {
+        let own = self.election.intention(self.config_epoch);
+        self.peers
+            .iter()
+            .filter(|e| e.hello_within(now, PEER_TTL))
+            .filter_map(|e| e.group(&self.cfg.name)?.promoting.as_ref())
+            .filter(|p| p.epoch > self.config_epoch)
+            .map(|p| (p.epoch, &p.replica))
+            .chain(own)
+            .max_by_key(|(epoch, _)| *epoch)
+            .map(|(_, a)| a.clone())
+    }
+
     /// `addr` is up and reports `role:master` on an INFO read on its
     /// current connection.
     pub(super) fn reports_master_now(&self, addr: &Addr) -> bool {
@@ -129,7 +151,7 @@ impl Group {
                 .is_some_and(|i| !i.reboot_unjudged);
         let master_read_at = self.instances.get(&master).and_then(|i| i.info_at);
         let mut reread_master = false;
-        let intended = self.election.intended(self.config_epoch).cloned();
+        let intended = self.intended_promotion(now);
         // Unless announce_hostnames, a replica must follow the master by its
         // IP: a replica told a name resolves it on its own main thread at
         // each reconnect (Redis does), and stalls for the resolver's

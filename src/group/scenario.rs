@@ -37,7 +37,7 @@ use crate::failover::machine::Input;
 use crate::probe::info::{Role, parse_info};
 use crate::probe::{Failure, ProbeEvent};
 use crate::quorum::election::Replicas;
-use crate::quorum::peers::{Hello, HelloGroup, IsDownReply};
+use crate::quorum::peers::{Hello, IsDownReply};
 use crate::quorum::state::StateStore;
 use crate::quorum::table::PeerTable;
 use crate::resp::RespError;
@@ -1103,14 +1103,7 @@ impl Sim {
                 run_id: Some(d.ctx.run_id.clone()),
                 addr: d.ctx.announce.clone(),
                 current_epoch: d.ctx.state.current_epoch(),
-                groups: vec![HelloGroup {
-                    name: v.name.clone(),
-                    master: v.master.clone(),
-                    config_epoch: v.config_epoch,
-                    sdown: v.master_sdown,
-                    replicas: Some(super::isolation::replica_sight(&v)),
-                    failover_epoch: v.failover.as_ref().map(|f| f.epoch),
-                }],
+                groups: vec![super::hello_group(&v)],
             };
             for j in 0..n {
                 if j == i || !self.daemons[j].up || self.cut(i, j) {
@@ -1898,12 +1891,22 @@ async fn a_leader_whose_config_was_refused_fails_its_master_over_with_the_others
     assert!(leader < 2);
     // Then the leader is cut off from both others and from the old
     // master, which comes back with its data: to daemon 2 the replica
-    // promoted in place is a stray, demoted after the grace.
+    // promoted in place is a stray, demoted after the grace, once the
+    // voter no longer announces the promotion it voted for (from
+    // failover_timeout after its vote, the leader's config never came).
     sim.cut_daemons.clear();
     sim.cut_server.clear();
     sim.cut_daemons.extend([(leader, 1 - leader), (leader, 2)]);
     sim.cut_server.insert((leader, addr(7000)));
     sim.servers.get_mut(&addr(7000)).alive = true;
+    sim.run_for(6_000).await;
+    assert!(
+        !sim.trace
+            .iter()
+            .any(|(_, _, w)| w.starts_with("demote 127.0.0.1:7001")),
+        "{:#?}",
+        sim.trace
+    );
     sim.run_for(6_000).await;
     sim.at("demote 127.0.0.1:7001 to 127.0.0.1:7000");
     assert_eq!(
@@ -1990,6 +1993,68 @@ async fn a_daemon_restarted_while_its_master_restarted_empty_still_judges_it() {
     assert_eq!(sim.daemons[0].g.master, addr(7001), "{:#?}", sim.trace);
     assert!(sim.at("pause 127.0.0.1:7000") < sim.at("promote"));
     sim.assert_followed(7001, &[7002]);
+    sim.assert_no_violation();
+}
+
+/// A daemon restarted during a failover hears, once back, only from a
+/// voter that has not had the leader's config yet: the voter's hello
+/// names the replica being promoted, and the daemon must neither take
+/// that replica, a master by now, for a stray to demote nor re-point its
+/// replicas back to the old master (the simulation with the network's
+/// faults, seed 728: a daemon back from an isolation demoted the master
+/// published 220 ms before).
+#[tokio::test]
+async fn a_daemon_back_during_a_failover_leaves_the_replica_a_voter_says_is_promoted() {
+    let mut sim = Sim::new(3, 2, 11);
+    sim.run_for(3_050).await;
+    // Daemon 2 is down; 7000 dies and daemons 0 and 1 fail it over.
+    sim.crash(2);
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    let leader = sim.run_until_promotion().await;
+    assert!(leader < 2, "{:#?}", sim.trace);
+    let voter = 1 - leader;
+    // The leader is cut off from the others before its config reached
+    // the voter.
+    sim.cut_daemons.extend([(leader, voter), (leader, 2)]);
+    sim.run_for(1_000).await;
+    assert_eq!(sim.daemons[voter].g.config_epoch, 0, "{:#?}", sim.trace);
+    let promoted = sim
+        .trace
+        .iter()
+        .find_map(|(_, _, w)| w.strip_prefix("promote "))
+        .and_then(|w| w.split_whitespace().next())
+        .map(str::to_owned)
+        .expect("the promoted replica");
+    // Daemon 2 starts again, and the old master comes back with its data.
+    sim.servers.get_mut(&addr(7000)).alive = true;
+    sim.restart(2);
+    sim.run_for(2_000).await;
+    let undone: Vec<_> = sim
+        .trace
+        .iter()
+        .filter(|(_, d, w)| {
+            *d == 2
+                && (w.starts_with(&format!("demote {promoted}"))
+                    || (w.starts_with("repoint") && w.ends_with("to 127.0.0.1:7000")))
+        })
+        .collect();
+    assert!(
+        undone.is_empty(),
+        "daemon 2 undid the promotion of {promoted}: {undone:?} {:#?}",
+        sim.trace
+    );
+    // Healed: every daemon settles on the promoted replica.
+    sim.cut_daemons.clear();
+    sim.run_for(3_000).await;
+    for d in &sim.daemons {
+        assert_eq!(
+            (d.g.master.to_string(), d.g.config_epoch),
+            (promoted.clone(), 1),
+            "{}: {:#?}",
+            d.ctx.id,
+            sim.trace
+        );
+    }
     sim.assert_no_violation();
 }
 

@@ -15,6 +15,7 @@ use crate::failover::machine::Kind;
 use crate::probe::info::InfoSnapshot;
 use crate::probe::{Flavour, Role};
 use crate::quorum::election::Stage;
+use crate::quorum::peers::Promotion;
 use crate::quorum::table::PEER_TTL;
 use crate::quorum::table::PeerEntry;
 
@@ -298,6 +299,10 @@ pub struct GroupView {
     pub voted_epoch: u64,
     /// A failover in progress.
     pub failover: Option<FailoverView>,
+    /// The replica a leader is promoting in an epoch newer than the
+    /// config, as this daemon knows (its own failover or a vote request),
+    /// announced in its hellos.
+    pub promoting: Option<Promotion>,
     /// The last failover.
     pub last_failover: Option<LastFailover>,
     /// Master first, then replicas in address order.
@@ -385,6 +390,7 @@ impl GroupView {
             voted_leader: None,
             voted_epoch: 0,
             failover: None,
+            promoting: None,
             last_failover: None,
             instances: Vec::new(),
             peers: peers.iter().map(|e| PeerView::of(e, now)).collect(),
@@ -540,6 +546,13 @@ impl Group {
             voted_leader: rec.voted_for,
             voted_epoch: rec.vote_epoch,
             failover,
+            promoting: self
+                .election
+                .announced_intention(now, self.config_epoch)
+                .map(|(epoch, a)| Promotion {
+                    epoch,
+                    replica: a.clone(),
+                }),
             last_failover: self.last_failover.clone(),
             instances,
             peers,

@@ -288,8 +288,9 @@ pub struct Election {
     odown_since: Option<Instant>,
     last_ask: Option<Instant>,
     /// A replica a leader intends to promote in a newer epoch than the
-    /// group's config (its own, or one a vote request named).
-    intended: Option<(u64, Addr)>,
+    /// group's config (its own, or one a vote request named), and when
+    /// this daemon learnt of it.
+    intended: Option<(u64, Addr, Instant)>,
     /// `-failover-abort-no-good-slave` was reported for this ODOWN and
     /// not followed by a start: the retries stay quiet until one starts.
     no_candidate_reported: bool,
@@ -378,8 +379,8 @@ impl Election {
     /// said it would promote in `epoch` (persisted with the vote), so that
     /// a daemon restarted just after its vote does not take that replica,
     /// turning master, for an out-of-place one to demote.
-    pub fn restore_intended(&mut self, epoch: u64, replica: Addr) {
-        self.intended = Some((epoch, replica));
+    pub fn restore_intended(&mut self, now: Instant, epoch: u64, replica: Addr) {
+        self.intended = Some((epoch, replica, now));
     }
 
     /// A daemon asked for votes in `epoch` to promote `replica`, whether
@@ -387,19 +388,40 @@ impl Election {
     /// after the promotion, and the replica, a master by then, must not be
     /// taken for a stray meanwhile (the simulation, seed 2108: a daemon
     /// whose peers had just restarted demoted it on an older hello).
-    pub fn note_asked(&mut self, epoch: u64, replica: Addr) {
-        if self.intended.as_ref().is_none_or(|(e, _)| *e < epoch) {
-            self.intended = Some((epoch, replica));
+    pub fn note_asked(&mut self, now: Instant, epoch: u64, replica: Addr) {
+        if self.intended.as_ref().is_none_or(|(e, ..)| *e < epoch) {
+            self.intended = Some((epoch, replica, now));
         }
     }
 
     /// The replica a leader of a newer epoch than `config_epoch` intends
     /// to promote: it must be neither demoted nor re-pointed.
     pub fn intended(&self, config_epoch: u64) -> Option<&Addr> {
+        self.intention(config_epoch).map(|(_, a)| a)
+    }
+
+    /// [`Election::intended`] with the epoch it is intended in.
+    pub fn intention(&self, config_epoch: u64) -> Option<(u64, &Addr)> {
         self.intended
             .as_ref()
-            .filter(|(e, _)| *e > config_epoch)
-            .map(|(_, a)| a)
+            .filter(|(e, ..)| *e > config_epoch)
+            .map(|(e, a, _)| (*e, a))
+    }
+
+    /// The intention this daemon announces to its peers: one learnt
+    /// within `failover_timeout`, the time a leader has to promote and
+    /// publish. Announced longer, an election lost or aborted before any
+    /// promotion (two candidates splitting the votes) kept every daemon
+    /// from re-pointing the replica it named until the next failover (the
+    /// simulation with the network's faults, seed 152).
+    pub fn announced_intention(&self, now: Instant, config_epoch: u64) -> Option<(u64, &Addr)> {
+        self.intended
+            .as_ref()
+            .filter(|(e, _, at)| {
+                *e > config_epoch
+                    && now.saturating_duration_since(*at) < self.settings.failover_timeout
+            })
+            .map(|(e, a, _)| (*e, a))
     }
 
     /// Daemons (self included) that see the master down now.
@@ -582,7 +604,7 @@ impl Election {
             _ => self.back_off(now),
         }
         if let Some(p) = &q.promote {
-            self.intended = Some((q.epoch, p.clone()));
+            self.intended = Some((q.epoch, p.clone(), now));
         }
         true
     }
@@ -629,7 +651,7 @@ impl Election {
     /// master's ODOWN, if any, goes on, and so does a back-off, since no
     /// failover ended with a new master.
     pub fn on_master_kept(&mut self, epoch: u64) {
-        if self.intended.as_ref().is_some_and(|(e, _)| *e <= epoch) {
+        if self.intended.as_ref().is_some_and(|(e, ..)| *e <= epoch) {
             self.intended = None;
         }
     }
@@ -866,7 +888,7 @@ impl Election {
             out.push(Action::Switchover(Ok(())));
             b.candidate.clone()
         };
-        self.intended = Some((b.epoch, candidate.clone()));
+        self.intended = Some((b.epoch, candidate.clone(), o.now));
         self.stage = Stage::FailingOver {
             epoch: b.epoch,
             kind: b.kind,

@@ -66,6 +66,22 @@ pub struct HelloGroup {
     /// see. Absent when none runs, and from daemons that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover_epoch: Option<u64>,
+    /// The replica a leader is promoting in an epoch newer than the
+    /// sender's config, as the sender knows it (its own failover, or a
+    /// vote request it was asked): a daemon that has heard of neither
+    /// must not take that replica, turning master, for a stray. Absent
+    /// when none, and from daemons that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoting: Option<Promotion>,
+}
+
+/// A promotion a leader intends, in its epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Promotion {
+    /// The election's epoch.
+    pub epoch: u64,
+    /// The replica being promoted.
+    pub replica: Addr,
 }
 
 /// How many of a master's replicas one daemon sees.
@@ -375,6 +391,7 @@ mod tests {
         let h: Hello = serde_json::from_str(old).unwrap();
         assert_eq!(h.groups[0].replicas, None);
         assert_eq!(h.groups[0].failover_epoch, None);
+        assert_eq!(h.groups[0].promoting, None);
         // And what it receives from a newer one (unknown fields ignored).
         let mut g = h.groups[0].clone();
         g.replicas = Some(ReplicaSight { up: 2, linked: 1 });
@@ -382,6 +399,13 @@ mod tests {
         let json = serde_json::to_string(&g).unwrap();
         assert!(json.contains(r#""replicas":{"up":2,"linked":1}"#), "{json}");
         assert!(json.contains(r#""failover_epoch":4"#), "{json}");
+        assert!(!json.contains("promoting"), "{json}");
+        g.promoting = Some(Promotion {
+            epoch: 4,
+            replica: Addr::new("10.0.0.6", 6379),
+        });
+        let json = serde_json::to_string(&g).unwrap();
+        assert!(json.contains(r#""promoting":{"epoch":4"#), "{json}");
         let back: HelloGroup = serde_json::from_str(&json).unwrap();
         assert_eq!(back, g);
         #[derive(Deserialize)]

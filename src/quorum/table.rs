@@ -292,6 +292,7 @@ mod tests {
             sdown: false,
             replicas: None,
             failover_epoch: None,
+            promoting: None,
         });
         t.record_hello(&h, now);
         assert!(rx.has_changed().unwrap());

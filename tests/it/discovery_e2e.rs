@@ -2098,10 +2098,15 @@ fn a_daemon_resuming_with_an_older_epoch_does_not_overwrite_anything() {
         .into_iter()
         .filter(|r| r.daemon == d.id)
         .collect();
-    assert_eq!(from_frozen.len(), 1, "{from_frozen:#?}");
-    assert_eq!(from_frozen[0].body["epoch"], epoch);
-    assert_eq!(from_frozen[0].body["reporter"], "observer");
-    assert_eq!(from_frozen[0].body["master"], master.to_string());
+    // One publication, and a re-publication if the replicas it names
+    // linked to the new master only after the first (a loaded machine:
+    // the first named none); each says the same of the master.
+    assert!((1..=2).contains(&from_frozen.len()), "{from_frozen:#?}");
+    for r in &from_frozen {
+        assert_eq!(r.body["epoch"], epoch, "{from_frozen:#?}");
+        assert_eq!(r.body["reporter"], "observer", "{from_frozen:#?}");
+        assert_eq!(r.body["master"], master.to_string(), "{from_frozen:#?}");
+    }
     // Everything any daemon sent to the webhook after the resume carries
     // the failover's epoch, and nothing ever named the old master as the
     // master at a higher epoch than the start-up's.

@@ -232,6 +232,14 @@ mod tests {
             // make every replica of its history a copy of it.
             (1345, None, true, true),
             (97, None, true, true),
+            // A daemon back from an isolation demoted the master published
+            // meanwhile, on the hello of a voter that had not had its
+            // config yet; and the promotion announced in hellos ends with
+            // failover_timeout, or a split election keeps its replica from
+            // being re-pointed (152).
+            (728, cuts, true, true),
+            (624, cuts, true, true),
+            (152, cuts, true, true),
         ] {
             let r = Run {
                 seed,
