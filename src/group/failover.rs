@@ -371,8 +371,24 @@ impl Group {
     }
 
     /// Route the group's master again, at `epoch` (a fence of this
-    /// daemon's that no publication followed), in every backend.
+    /// daemon's that no publication followed), in every backend; not a
+    /// master that reports `role:slave` on a fresh INFO: it was handed
+    /// over or demoted meanwhile (a switchover's `FAILOVER` that went on
+    /// on the server, another daemon's newer config), and routing
+    /// clients there would send them to a replica (the simulation with
+    /// every fault, seed 2501). The backends stay fenced until a newer
+    /// config is published.
     fn route_kept_master_at(&mut self, epoch: u64) {
+        let master = self.master.clone();
+        if self
+            .instances
+            .get(&master)
+            .is_some_and(|i| i.fresh() && i.info.as_ref().is_some_and(|x| x.role == Role::Replica))
+        {
+            tracing::warn!(group = %self.cfg.name, epoch, master = %master,
+                "the kept master reports role:slave: not routing it again");
+            return;
+        }
         self.adopt_master(self.master.clone(), epoch, Reporter::Leader, None);
         let topology = self.topology(Reporter::Leader, None);
         self.persist_and_publish(topology, false);

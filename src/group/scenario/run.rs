@@ -240,6 +240,10 @@ mod tests {
             (728, cuts, true, true),
             (624, cuts, true, true),
             (152, cuts, true, true),
+            // An aborted switchover routed its kept master again, which
+            // another daemon's newer config had made a replica meanwhile:
+            // the Service routed clients to a replica.
+            (2501, cuts, true, true),
         ] {
             let r = Run {
                 seed,
