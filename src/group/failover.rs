@@ -380,11 +380,7 @@ impl Group {
     /// config is published.
     fn route_kept_master_at(&mut self, epoch: u64) {
         let master = self.master.clone();
-        if self
-            .instances
-            .get(&master)
-            .is_some_and(|i| i.fresh() && i.info.as_ref().is_some_and(|x| x.role == Role::Replica))
-        {
+        if self.reports_replica_now(&master) {
             tracing::warn!(group = %self.cfg.name, epoch, master = %master,
                 "the kept master reports role:slave: not routing it again");
             return;

@@ -741,7 +741,7 @@ pub fn hello_groups(groups: &HashMap<String, GroupHandle>) -> Vec<HelloGroup> {
 }
 
 /// What this daemon's hello says of one group, from its view.
-pub(crate) fn hello_group(v: &GroupView) -> HelloGroup {
+fn hello_group(v: &GroupView) -> HelloGroup {
     HelloGroup {
         name: v.name.clone(),
         master: v.master.clone(),

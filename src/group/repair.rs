@@ -116,13 +116,19 @@ impl Group {
             .is_some_and(|i| i.fresh() && i.info.as_ref().is_some_and(|x| x.role == Role::Master))
     }
 
+    /// `addr` reports `role:slave` on an INFO read on its current
+    /// connection.
+    pub(super) fn reports_replica_now(&self, addr: &Addr) -> bool {
+        self.instances
+            .get(addr)
+            .is_some_and(|i| i.fresh() && i.info.as_ref().is_some_and(|x| x.role == Role::Replica))
+    }
+
     /// `addr` is down, or reports `role:slave` on an INFO read on its
     /// current connection.
     pub(super) fn not_a_master_now(&self, addr: &Addr) -> bool {
-        self.instances.get(addr).is_some_and(|i| {
-            i.sdown.is_down()
-                || (i.fresh() && i.info.as_ref().is_some_and(|x| x.role == Role::Replica))
-        })
+        self.instances.get(addr).is_some_and(|i| i.sdown.is_down())
+            || self.reports_replica_now(addr)
     }
 
     pub(super) fn check_topology(&mut self, now: Instant) {
