@@ -385,7 +385,7 @@ impl Group {
                 "the kept master reports role:slave: not routing it again");
             return;
         }
-        self.adopt_master(self.master.clone(), epoch, Reporter::Leader, None);
+        self.adopt_master(master, epoch, Reporter::Leader, None);
         let topology = self.topology(Reporter::Leader, None);
         self.persist_and_publish(topology, false);
     }

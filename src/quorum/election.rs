@@ -415,13 +415,11 @@ impl Election {
     /// from re-pointing the replica it named until the next failover (the
     /// simulation with the network's faults, seed 152).
     pub fn announced_intention(&self, now: Instant, config_epoch: u64) -> Option<(u64, &Addr)> {
-        self.intended
-            .as_ref()
-            .filter(|(e, _, at)| {
-                *e > config_epoch
-                    && now.saturating_duration_since(*at) < self.settings.failover_timeout
-            })
-            .map(|(e, a, _)| (*e, a))
+        let (.., learnt) = self.intended.as_ref()?;
+        if now.saturating_duration_since(*learnt) >= self.settings.failover_timeout {
+            return None;
+        }
+        self.intention(config_epoch)
     }
 
     /// Daemons (self included) that see the master down now.
