@@ -603,6 +603,7 @@ mod tests {
             name: "cache".into(),
             master: "10.0.0.1:6379".parse().unwrap(),
             config_epoch: 3,
+            announced_epoch: 3,
             quorum: 2,
             daemons: 3,
             down_after_ms: 1000,
@@ -621,6 +622,7 @@ mod tests {
             voted_epoch: 0,
             failover: None,
             promoting: None,
+            stand_back: None,
             last_failover: None,
             instances: vec![inst("10.0.0.1:6379", true), inst("10.0.0.2:6379", false)],
             peers: vec![

@@ -40,6 +40,7 @@ impl Group {
         from: Option<&str>,
     ) {
         self.published_epoch = Some(epoch);
+        self.start_announced = None;
         self.republish_due = None;
         let old = std::mem::replace(&mut self.master, master.clone());
         self.config_epoch = epoch;
@@ -241,6 +242,30 @@ impl Group {
             // or labelled as a replica.
             replicas: self.linked_replicas().map(|a| self.wire(a)).collect(),
             reporter,
+        }
+    }
+
+    /// The start-up config's kept master has reported `role:master` since
+    /// this daemon started: the hellos announce the epoch this daemon led
+    /// from now on ([`Group::start_announced`]), and the peers adopt it.
+    /// Not waiting for this daemon's own publication, which needs a
+    /// majority's hellos, nor for an INFO read on the current connection:
+    /// a master this daemon judges restarted with less is paused by it and
+    /// answers no INFO, and only the peers' adoption of the epoch lets
+    /// them publish past the fence it holds (seeds 422 and 1032 with every
+    /// fault: the backends routed to nobody until the end).
+    ///
+    /// [`Group::start_announced`]: super::Group
+    pub(super) fn confirm_start_config(&mut self) {
+        let reported_master = self
+            .instances
+            .get(&self.master)
+            .and_then(|i| i.info.as_ref())
+            .is_some_and(|x| x.role == Role::Master);
+        if self.start_announced.is_some() && reported_master {
+            self.start_announced = None;
+            self.dirty = true;
+            self.ctx.hello_now.notify_one();
         }
     }
 

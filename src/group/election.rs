@@ -162,6 +162,7 @@ impl Group {
             config_epoch: self.config_epoch,
             replicas: &replicas,
             rank: self.rank(),
+            peer_failing_over: self.peer_failing_over(now),
         };
         (f(&mut self.election, &o), tilt)
     }
@@ -411,6 +412,12 @@ impl Group {
                     String::new()
                 }
             ))
+        } else if odown
+            && !self.election.busy()
+            && self.election.backoff_until(now).is_none()
+            && self.peer_failing_over(now)
+        {
+            Some("master is ODOWN; a peer reports a failover under way in a newer epoch: waiting for its config".into())
         } else if odown && self.election.no_candidate() {
             Some("master is ODOWN but no replica can be promoted (none eligible): looking again every probe period".into())
         } else {

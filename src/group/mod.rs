@@ -252,6 +252,17 @@ struct Group {
     unix_now: u64,
     last_export: Instant,
     published_epoch: Option<u64>,
+    /// The persisted config epoch, announced in the hellos instead of
+    /// `config_epoch` while that is an epoch this daemon led and never
+    /// published (a restart in the middle of its failover, see
+    /// [`start_config`]): until the kept master answers as one on a fresh
+    /// INFO (`confirm_start_config`). Why: its peers adopt a newer config naming
+    /// the master they have without asking that server, and the server
+    /// may have been handed over meanwhile (a switchover's `FAILOVER`
+    /// completing after the leader died): they routed the backends to a
+    /// replica (simulation seed 2248 with every fault). None once
+    /// confirmed or once another config is adopted.
+    start_announced: Option<u64>,
     /// The current config is served from memory only: persisting it failed.
     config_unpersisted: bool,
     /// The servers besides the master last written to the state file
@@ -342,6 +353,12 @@ impl Group {
         (now, unix_now): (Instant, u64),
         seed: Option<u64>,
     ) -> Group {
+        let rec = ctx.state.group(&cfg.name);
+        // Above the persisted config only when this daemon led a failover
+        // that never published (`start_config`): its hellos keep the
+        // persisted epoch until its own publication confirms the kept
+        // master.
+        let start_announced = (config_epoch > rec.config_epoch).then_some(rec.config_epoch);
         let settings = Settings {
             id: ctx.id.clone(),
             daemons: ctx.daemons(),
@@ -358,7 +375,7 @@ impl Group {
             view: Arc::new(GroupView::placeholder(
                 &cfg,
                 &master,
-                config_epoch,
+                (config_epoch, start_announced.unwrap_or(config_epoch)),
                 ctx.daemons(),
                 &ctx.peer_table.snapshot(),
                 now,
@@ -370,7 +387,6 @@ impl Group {
             aliases: BTreeMap::new(),
             election: {
                 let mut e = Election::new(settings, ctx.peers.len(), seed);
-                let rec = ctx.state.group(&cfg.name);
                 if let Some(p) = rec.vote_promote
                     && rec.vote_epoch > config_epoch
                     && rec.voted_for.as_deref() != Some(ctx.id.as_str())
@@ -394,6 +410,7 @@ impl Group {
             now,
             unix_now,
             published_epoch: None,
+            start_announced,
             config_unpersisted: false,
             persisted_known: Vec::new(),
             persisted_identity: None,
@@ -745,11 +762,12 @@ fn hello_group(v: &GroupView) -> HelloGroup {
     HelloGroup {
         name: v.name.clone(),
         master: v.master.clone(),
-        config_epoch: v.config_epoch,
+        config_epoch: v.announced_epoch,
         sdown: v.master_sdown,
         replicas: Some(isolation::replica_sight(v)),
         failover_epoch: v.failover.as_ref().map(|f| f.epoch),
         promoting: v.promoting.clone(),
+        stand_back: v.stand_back,
     }
 }
 
@@ -786,7 +804,8 @@ fn tick_period(cfg: &GroupConfig) -> Duration {
 /// starts with the kept master at that epoch, as an aborted failover ends,
 /// so that its start-up publication, once that master answers as a
 /// master, routes the backends to it again. It alone led that epoch, so
-/// no other master can be published in it.
+/// no other master can be published in it. Its hellos announce that epoch
+/// only once that master answers as one (`Group::start_announced`).
 ///
 /// [`GroupRecord::led_epoch`]: crate::quorum::state::GroupRecord::led_epoch
 fn start_config(cfg: &GroupConfig, record: &crate::quorum::state::GroupRecord) -> (Addr, u64) {

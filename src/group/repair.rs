@@ -108,6 +108,20 @@ impl Group {
             .map(|(_, a)| a.clone())
     }
 
+    /// A peer's hello within the TTL says a leader fails the master over
+    /// in an epoch newer than this daemon's config: the peer leads it, or
+    /// voted for its leader (see `Observation::peer_failing_over`).
+    pub(super) fn peer_failing_over(&self, now: Instant) -> bool {
+        self.peers
+            .iter()
+            .filter(|e| e.hello_within(now, PEER_TTL))
+            .filter_map(|e| e.group(&self.cfg.name))
+            .any(|g| {
+                g.failover_epoch.is_some_and(|f| f > self.config_epoch)
+                    || g.stand_back.is_some_and(|e| e > self.config_epoch)
+            })
+    }
+
     /// `addr` is up and reports `role:master` on an INFO read on its
     /// current connection.
     pub(super) fn reports_master_now(&self, addr: &Addr) -> bool {
@@ -132,6 +146,7 @@ impl Group {
     }
 
     pub(super) fn check_topology(&mut self, now: Instant) {
+        self.confirm_start_config();
         if !self.may_reconfigure(now) {
             return;
         }

@@ -265,6 +265,10 @@ pub struct GroupView {
     pub master: Addr,
     /// Its config epoch.
     pub config_epoch: u64,
+    /// The config epoch this daemon's hellos announce: `config_epoch`,
+    /// or the persisted one after a restart in the middle of a failover
+    /// this daemon led, until it has published its kept master again.
+    pub announced_epoch: u64,
     /// Configured quorum.
     pub quorum: u32,
     /// Number of daemons (peers + self).
@@ -303,6 +307,9 @@ pub struct GroupView {
     /// config, as this daemon knows (its own failover or a vote request),
     /// announced in its hellos.
     pub promoting: Option<Promotion>,
+    /// The epoch of a leader this daemon voted for and stands back for,
+    /// announced in its hellos.
+    pub stand_back: Option<u64>,
     /// The last failover.
     pub last_failover: Option<LastFailover>,
     /// Master first, then replicas in address order.
@@ -362,7 +369,7 @@ impl GroupView {
     pub(super) fn placeholder(
         cfg: &GroupConfig,
         master: &Addr,
-        config_epoch: u64,
+        (config_epoch, announced_epoch): (u64, u64),
         daemons: usize,
         peers: &[PeerEntry],
         now: Instant,
@@ -373,6 +380,7 @@ impl GroupView {
             name: cfg.name.clone(),
             master: master.clone(),
             config_epoch,
+            announced_epoch,
             quorum: cfg.quorum,
             daemons,
             down_after_ms: ms(cfg.down_after),
@@ -391,6 +399,7 @@ impl GroupView {
             voted_epoch: 0,
             failover: None,
             promoting: None,
+            stand_back: None,
             last_failover: None,
             instances: Vec::new(),
             peers: peers.iter().map(|e| PeerView::of(e, now)).collect(),
@@ -529,6 +538,7 @@ impl Group {
             name: self.cfg.name.clone(),
             master: self.master.clone(),
             config_epoch: self.config_epoch,
+            announced_epoch: self.start_announced.unwrap_or(self.config_epoch),
             quorum: self.cfg.quorum,
             daemons: self.ctx.daemons(),
             down_after_ms: ms(self.cfg.down_after),
@@ -553,6 +563,7 @@ impl Group {
                     epoch,
                     replica: a.clone(),
                 }),
+            stand_back: self.election.standing_back_for(now, self.config_epoch),
             last_failover: self.last_failover.clone(),
             instances,
             peers,

@@ -277,6 +277,15 @@ pub struct Observation<'a> {
     /// This daemon's place (0: first) among the daemons that reach each
     /// other, ordered alike by all of them (by address).
     pub rank: usize,
+    /// A peer's recent hello says a leader is failing the master over in
+    /// an epoch newer than the config (its own failover, or a leader it
+    /// voted for): no election starts here meanwhile. Sentinel's voters
+    /// stand back `failover_timeout`; a daemon that restarted since, or
+    /// was not asked, stood back from nothing and elected a second leader
+    /// while the first, cut off from everyone, still retried its
+    /// promotion, which then succeeded and re-pointed the second one's
+    /// master (the simulation, seed 855 with operations and a Service).
+    pub peer_failing_over: bool,
 }
 
 /// The ODOWN detector and election of one group.
@@ -291,6 +300,10 @@ pub struct Election {
     /// group's config (its own, or one a vote request named), and when
     /// this daemon learnt of it.
     intended: Option<(u64, Addr, Instant)>,
+    /// The epoch of the last vote this daemon granted to another leader,
+    /// and when (not restored at start-up: when it was cast is not on
+    /// record).
+    voted: Option<(u64, Instant)>,
     /// `-failover-abort-no-good-slave` was reported for this ODOWN and
     /// not followed by a start: the retries stay quiet until one starts.
     no_candidate_reported: bool,
@@ -313,6 +326,7 @@ impl Election {
             odown_since: None,
             last_ask: None,
             intended: None,
+            voted: None,
             no_candidate_reported: false,
             rng: match seed {
                 Some(s) => StdRng::seed_from_u64(s),
@@ -378,7 +392,9 @@ impl Election {
     /// At start-up: the replica the leader this daemon last voted for
     /// said it would promote in `epoch` (persisted with the vote), so that
     /// a daemon restarted just after its vote does not take that replica,
-    /// turning master, for an out-of-place one to demote.
+    /// turning master, for an out-of-place one to demote, nor lets a peer
+    /// do so (it is announced for `failover_timeout` from now: when the
+    /// vote was cast is not on record).
     pub fn restore_intended(&mut self, now: Instant, epoch: u64, replica: Addr) {
         self.intended = Some((epoch, replica, now));
     }
@@ -604,7 +620,22 @@ impl Election {
         if let Some(p) = &q.promote {
             self.intended = Some((q.epoch, p.clone(), now));
         }
+        self.voted = Some((q.epoch, now));
         true
+    }
+
+    /// The epoch of the leader this daemon stands back for, announced to
+    /// its peers: one it voted for within `failover_timeout`, in an epoch
+    /// newer than `config_epoch`. Only a granted vote counts: a daemon
+    /// merely asked (it voted for itself or another) does not know that
+    /// leader can win, and two candidates of a split election that
+    /// announced each other held the third daemon back for a whole
+    /// `failover_timeout` (the simulation with the network's faults, seed
+    /// 2942).
+    pub fn standing_back_for(&self, now: Instant, config_epoch: u64) -> Option<u64> {
+        let (epoch, at) = self.voted?;
+        (epoch > config_epoch && now.saturating_duration_since(at) < self.settings.failover_timeout)
+            .then_some(epoch)
     }
 
     /// The failover ended; after an abort the next attempt waits.
@@ -781,7 +812,8 @@ impl Election {
                 }
             }
             Stage::Watching | Stage::Backoff { .. } | Stage::Delay { .. } => {
-                let waiting = matches!(self.stage, Stage::Backoff { until } if o.now < until);
+                let waiting = matches!(self.stage, Stage::Backoff { until } if o.now < until)
+                    || o.peer_failing_over;
                 if o.tilt || self.odown_since.is_none() || waiting {
                     if matches!(self.stage, Stage::Delay { .. }) {
                         self.stage = Stage::Watching;

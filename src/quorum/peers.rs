@@ -73,6 +73,13 @@ pub struct HelloGroup {
     /// when none, and from daemons that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promoting: Option<Promotion>,
+    /// The epoch of a leader the sender voted for within
+    /// `failover_timeout`, newer than its config: the sender stands back
+    /// for that leader's failover (Sentinel's rule for voters), and so do
+    /// the daemons that hear it, whether or not they were asked. Absent
+    /// when none, and from daemons that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stand_back: Option<u64>,
 }
 
 /// A promotion a leader intends, in its epoch.

@@ -263,6 +263,7 @@ impl Sim {
             config_epoch: n.config_epoch,
             replicas: &replica,
             rank: i,
+            peer_failing_over: false,
         };
         f(&mut n.machine, &o)
     }

@@ -293,6 +293,7 @@ mod tests {
             replicas: None,
             failover_epoch: None,
             promoting: None,
+            stand_back: None,
         });
         t.record_hello(&h, now);
         assert!(rx.has_changed().unwrap());

@@ -361,6 +361,66 @@ mod tests {
         sim.assert_no_violation();
     }
 
+    /// A switchover's leader killed after its `FAILOVER` was sent, which
+    /// the server completes without it: restarted, the leader holds the
+    /// epoch it led with the master it kept, and that server is a replica
+    /// now. Its peers must not take that epoch from its hellos and route
+    /// the backends to the old master (the simulation with every fault,
+    /// seed 2248: the Service routed to a replica until the group failed
+    /// it over).
+    #[tokio::test]
+    async fn a_switchover_leader_back_after_the_server_handed_over_does_not_route_the_old_master() {
+        let mut sim = Sim::new(3, 2, 5);
+        sim.run_for(3_000).await;
+        let _answer = ask_switchover(&mut sim, 0).await;
+        // Daemon 0 is killed as soon as it has sent `FAILOVER`, before
+        // the server's answer.
+        let mut sent = false;
+        for _ in 0..300 {
+            if sim
+                .trace
+                .iter()
+                .any(|(_, _, w)| w.starts_with("switchover "))
+            {
+                sent = true;
+                break;
+            }
+            sim.run_for(10).await;
+        }
+        assert!(sent, "no FAILOVER within 3 s: {:#?}", sim.trace);
+        sim.crash(0);
+        let mut handed = false;
+        for _ in 0..300 {
+            sim.run_for(10).await;
+            if sim.trace.iter().any(|(_, _, w)| w.contains("handed over")) {
+                handed = true;
+                break;
+            }
+        }
+        assert!(handed, "the server did not hand over: {:#?}", sim.trace);
+        assert_eq!(sim.daemons[0].ctx.state.group("g").led_epoch, 1);
+        let from = sim.trace.len();
+        sim.restart(0);
+        sim.run_for(12_000).await;
+        let routed_old: Vec<_> = sim.trace[from..]
+            .iter()
+            .filter(|(_, _, w)| w.starts_with("publish 127.0.0.1:7000"))
+            .collect();
+        assert!(
+            routed_old.is_empty(),
+            "the old master, a replica, was published: {routed_old:?} {:#?}",
+            sim.trace
+        );
+        // The group fails the replica-reporting master over and routes
+        // the new one.
+        let new = addr(7001);
+        for d in &sim.daemons {
+            assert_eq!(d.g.master, new, "{}: {:#?}", d.ctx.id, sim.trace);
+        }
+        assert_eq!(sim.routing.1, Some(new), "{:#?}", sim.trace);
+        sim.assert_no_violation();
+    }
+
     /// The master runs a script for 5 s; whether it has written.
     async fn busy_master(wrote: bool) -> Sim {
         let mut sim = Sim::new(3, 2, 8);

@@ -244,6 +244,23 @@ mod tests {
             // another daemon's newer config had made a replica meanwhile:
             // the Service routed clients to a replica.
             (2501, cuts, true, true),
+            // A switchover's leader killed after its `FAILOVER`, which the
+            // server completed: restarted, it announced the epoch it led
+            // with the old master, and the peers routed that replica
+            // (2248); announced only once that server answers as a master,
+            // not once this daemon publishes it, or the fence holds for
+            // good (422, 1032).
+            (2248, cuts, true, true),
+            (422, cuts, true, true),
+            (1032, cuts, true, true),
+            // A daemon that had not voted started a second election while
+            // the first leader still retried its promotion, which then
+            // re-pointed the second one's master (855); standing back for
+            // a peer's vote, not for what a peer was merely asked (2942)
+            // nor for a vote restored at a restart (3252).
+            (855, None, true, true),
+            (2942, cuts, true, true),
+            (3252, cuts, true, true),
         ] {
             let r = Run {
                 seed,

@@ -50,6 +50,7 @@ fn obs<'a>(sdown: bool, r: &'a Fixed) -> Observation<'a> {
         replicas: r,
         // Second: a delay of one step and a random part before starting.
         rank: 1,
+        peer_failing_over: false,
     }
 }
 
@@ -516,4 +517,29 @@ fn the_start_delays_of_ranks_never_overlap() {
             assert!(*d >= from && *d <= from + step / 2, "rank {rank}: {d:?}");
         }
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_election_starts_while_a_peer_reports_a_newer_failover() {
+    let r = Fixed { ok: vec![a(2)] };
+    let mut e = odown_machine(&r);
+    // A peer's hello says a leader is promoting in a newer epoch: however
+    // long that lasts, this daemon does not start a second election.
+    for _ in 0..10 {
+        let o = Observation {
+            peer_failing_over: true,
+            ..obs(true, &r)
+        };
+        e.on_answer(&o, 0, 1, o.now, &reply(true, None, 0));
+        assert!(e.odown_since().is_some());
+        let acts = e.tick(&o);
+        assert!(!has(&acts, |x| *x == Action::PersistNewEpoch), "{acts:?}");
+        assert!(!e.busy());
+        advance(Duration::from_secs(1)).await;
+    }
+    // Once no peer says so, it starts after its usual delay.
+    let o = obs(true, &r);
+    e.on_answer(&o, 0, 1, o.now, &reply(true, None, 0));
+    let acts = through_delay(&mut e, &r).await;
+    assert!(has(&acts, |x| *x == Action::PersistNewEpoch), "{acts:?}");
 }
