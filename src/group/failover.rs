@@ -132,7 +132,9 @@ impl Group {
     ///   it once the first pause ended (seed 292 of the simulation with a
     ///   gating Service; seed 752 with the network's faults). Not for
     ///   longer: a group that cannot decide gets its master back, empty,
-    ///   rather than an outage without end.
+    ///   rather than an outage without end. The same for the replica a
+    ///   leader is promoting in a newer epoch, judged so while this
+    ///   daemon is still on the old config.
     ///
     /// Not on Dragonfly, whose pause does not hold replication.
     pub(super) fn keep_paused(&mut self, now: Instant) {
@@ -149,13 +151,19 @@ impl Group {
                 && matches!(run.machine.phase(), Phase::Fencing | Phase::Promoting))
             .then(|| run.machine.old_master.clone())
         });
-        let rebooted = self.instances.get(&self.master).and_then(|m| {
-            (m.sdown.rebooted()
-                && m.sdown.down_since().is_some_and(|t| {
-                    now.saturating_duration_since(t) < self.cfg.failover_timeout * 2
-                }))
-            .then(|| self.master.clone())
-        });
+        // The master, or the replica a leader is promoting in a newer
+        // epoch, judged back with less (`observe.rs` `judge_reboot`).
+        let judged = |a: Addr| {
+            self.instances.get(&a).and_then(|m| {
+                (m.sdown.rebooted()
+                    && m.sdown.down_since().is_some_and(|t| {
+                        now.saturating_duration_since(t) < self.cfg.failover_timeout * 2
+                    }))
+                .then_some(a)
+            })
+        };
+        let rebooted =
+            judged(self.master.clone()).or_else(|| self.intended_promotion(now).and_then(judged));
         let Some(target) = failing_over.or(rebooted) else {
             return;
         };

@@ -734,6 +734,9 @@ impl Group {
         // The master's restart may wait for a replica's first INFO.
         let master = self.master.clone();
         self.judge_reboot(&master, self.now);
+        if let Some(p) = self.unjudged_promotion() {
+            self.judge_reboot(&p, self.now);
+        }
         self.review_sync_hold(&addr, self.now);
         if kill {
             self.kill_script(&addr);
@@ -798,7 +801,29 @@ impl Group {
         if let Some(i) = self.instances.get(addr) {
             metrics::counter!(m::INSTANCE_REBOOTS, "group" => self.label.clone(), m::SERVER_LABEL => i.server.clone()).increment(1);
         }
+        // The replica a leader is promoting in a newer epoch, back as a
+        // master: a master by now for the daemons that have the leader's
+        // config, and judged as one here (`judge_reboot`). To a daemon
+        // still on the old config it was a replica that restarted, and
+        // its replicas, re-pointed to it by the leader, copied it empty
+        // (the simulation, seed 3865: the leader cut off 110 ms after its
+        // publication).
+        if !is_master
+            && self.intended_promotion(self.now).as_ref() == Some(addr)
+            && let Some(i) = self.instances.get_mut(addr)
+            && i.info.as_ref().is_some_and(|x| x.role == Role::Master)
+        {
+            i.reboot_unjudged = true;
+        }
         self.dirty = true;
+    }
+
+    /// The replica a leader is promoting, when it restarted and is still
+    /// to be judged (see [`Group::on_reboot`]).
+    fn unjudged_promotion(&self) -> Option<Addr> {
+        self.intended_promotion(self.now)
+            .filter(|p| *p != self.master)
+            .filter(|p| self.instances.get(p).is_some_and(|i| i.reboot_unjudged))
     }
 
     /// A restarted master is judged against what its replicas held (see
@@ -811,7 +836,9 @@ impl Group {
         let Some(inst) = self.instances.get(addr) else {
             return;
         };
-        if !inst.reboot_unjudged || *addr != self.master {
+        if !inst.reboot_unjudged
+            || (*addr != self.master && self.intended_promotion(now).as_ref() != Some(addr))
+        {
             return;
         }
         let Some(info) = inst.info.as_deref() else {
@@ -882,7 +909,11 @@ impl Group {
         // (or took) its copy: read them all now, so that selection sees
         // which (`Exclusion::CopiedRestartedMaster`).
         self.refresh_replicas_info();
-        tracing::warn!(group = %self.cfg.name, master = %addr, reason = %why, "the master restarted with less than its replicas hold: it is down for this daemon");
+        if *addr == self.master {
+            tracing::warn!(group = %self.cfg.name, master = %addr, reason = %why, "the master restarted with less than its replicas hold: it is down for this daemon");
+        } else {
+            tracing::warn!(group = %self.cfg.name, instance = %addr, reason = %why, "the replica a leader is promoting restarted as a master with less than the replicas hold: it is down for this daemon");
+        }
         if flavour != crate::probe::Flavour::Dragonfly {
             // Dragonfly pauses only client connections, not replication
             // (a replica there must not resync on its own: its
@@ -1056,6 +1087,9 @@ impl Group {
             return;
         }
         let mut transitions = Vec::new();
+        // The replica a leader is promoting, judged as a master: held down
+        // as the master is, until the config says otherwise.
+        let promoting = self.intended_promotion(now);
         let master = &self.master;
         for inst in self.instances.values_mut() {
             if let Some(t) = inst.sdown.check(now) {
@@ -1064,6 +1098,7 @@ impl Group {
             // A restarted master that has been failed over is the
             // returning old master now: demoted, not held down.
             if inst.addr != *master
+                && Some(&inst.addr) != promoting.as_ref()
                 && inst.sdown.rebooted()
                 && let Some(t) = inst.sdown.set_rebooted(false, now)
             {

@@ -69,10 +69,16 @@ impl Group {
             // simulation, seed 351 with operations: a daemon just
             // restarted demoted it on that leader's hello of a moment
             // before its publication).
+            // So too a peer that voted for such a leader (`stand_back`):
+            // a daemon just restarted, on its old config, demoted the
+            // master the others were failing over, which a voter's
+            // confirmation of that old config made look like a stray (the
+            // simulation with every fault, seed 3765).
             if e.hello_within(now, PEER_TTL)
-                && e.group(&self.cfg.name)
-                    .and_then(|g| g.failover_epoch)
-                    .is_some_and(|f| f > self.config_epoch)
+                && e.group(&self.cfg.name).is_some_and(|g| {
+                    g.failover_epoch.is_some_and(|f| f > self.config_epoch)
+                        || g.stand_back.is_some_and(|f| f > self.config_epoch)
+                })
             {
                 return false;
             }

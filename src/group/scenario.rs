@@ -2058,6 +2058,63 @@ async fn a_daemon_back_during_a_failover_leaves_the_replica_a_voter_says_is_prom
     sim.assert_no_violation();
 }
 
+/// The replica a leader promoted restarts empty, as a master, while the
+/// leader is cut off from everything before its config reached the two
+/// others: to them it was a replica that restarted, and the other replica,
+/// re-pointed to it by the leader, copied it empty (the simulation, seed
+/// 3865). They judge it as the master it is for the leader they voted
+/// for, and pause it.
+#[tokio::test]
+async fn a_promoted_replica_back_empty_before_its_config_spread_is_judged_and_not_copied() {
+    let mut sim = Sim::new(3, 2, 11);
+    sim.run_for(3_050).await;
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    let leader = sim.run_until_promotion().await;
+    let promoted = sim
+        .trace
+        .iter()
+        .find_map(|(_, _, w)| w.strip_prefix("promote "))
+        .and_then(|w| w.split_whitespace().next())
+        .and_then(|a| a.parse::<Addr>().ok())
+        .expect("the promoted replica");
+    // The leader's publication and re-point go out, then it is cut off
+    // from the daemons and the servers before its hello.
+    for _ in 0..100 {
+        if sim.trace.iter().any(|(_, _, w)| w.starts_with("repoint ")) {
+            break;
+        }
+        sim.run_for(10).await;
+    }
+    for j in (0..3).filter(|j| *j != leader) {
+        sim.cut_daemons.extend([(leader, j), (j, leader)]);
+    }
+    for p in [7000, 7001, 7002] {
+        sim.cut_server.insert((leader, addr(p)));
+    }
+    for d in (0..3).filter(|j| *j != leader) {
+        assert_eq!(sim.daemons[d].g.config_epoch, 0, "{:#?}", sim.trace);
+    }
+    // The promoted replica restarts empty.
+    sim.servers.get_mut(&promoted).alive = false;
+    sim.run_for(150).await;
+    {
+        let s = sim.servers.get_mut(&promoted);
+        let before = s.replid.clone();
+        s.alive = true;
+        s.offset = 0;
+        s.run_id = "e".repeat(40);
+        s.replid = "f".repeat(40);
+        sim.mark_emptied(&promoted, &before);
+    }
+    sim.run_for(6_000).await;
+    let paused = sim
+        .trace
+        .iter()
+        .any(|(_, d, w)| *d != leader && *w == format!("pause {promoted}"));
+    assert!(paused, "{:#?}", sim.trace);
+    sim.assert_no_violation();
+}
+
 /// A daemon cut off from everything while the others failed its master
 /// over, back as its old master returns with its data: to it the
 /// promoted replica is a server it last read as a replica, on another

@@ -261,6 +261,15 @@ mod tests {
             (855, None, true, true),
             (2942, cuts, true, true),
             (3252, cuts, true, true),
+            // The replica a leader promoted restarted empty while the
+            // leader was cut off before its config spread: the two others
+            // took it for a replica that restarted, and the replica
+            // re-pointed to it copied it.
+            (3865, None, false, false),
+            // Judged so, a master back empty was failed over by the two
+            // daemons that had its config while a third, just restarted
+            // on an older one, demoted it on a voter's confirmation.
+            (3765, cuts, true, true),
         ] {
             let r = Run {
                 seed,
