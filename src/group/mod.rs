@@ -356,8 +356,8 @@ impl Group {
         let rec = ctx.state.group(&cfg.name);
         // Above the persisted config only when this daemon led a failover
         // that never published (`start_config`): its hellos keep the
-        // persisted epoch until its own publication confirms the kept
-        // master.
+        // persisted epoch until the kept master reports `role:master`
+        // (`confirm_start_config`).
         let start_announced = (config_epoch > rec.config_epoch).then_some(rec.config_epoch);
         let settings = Settings {
             id: ctx.id.clone(),

@@ -75,10 +75,8 @@ impl Group {
             // confirmation of that old config made look like a stray (the
             // simulation with every fault, seed 3765).
             if e.hello_within(now, PEER_TTL)
-                && e.group(&self.cfg.name).is_some_and(|g| {
-                    g.failover_epoch.is_some_and(|f| f > self.config_epoch)
-                        || g.stand_back.is_some_and(|f| f > self.config_epoch)
-                })
+                && e.group(&self.cfg.name)
+                    .is_some_and(|g| g.failing_over_past(self.config_epoch))
             {
                 return false;
             }
@@ -122,10 +120,7 @@ impl Group {
             .iter()
             .filter(|e| e.hello_within(now, PEER_TTL))
             .filter_map(|e| e.group(&self.cfg.name))
-            .any(|g| {
-                g.failover_epoch.is_some_and(|f| f > self.config_epoch)
-                    || g.stand_back.is_some_and(|e| e > self.config_epoch)
-            })
+            .any(|g| g.failing_over_past(self.config_epoch))
     }
 
     /// `addr` is up and reports `role:master` on an INFO read on its

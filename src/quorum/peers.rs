@@ -82,6 +82,16 @@ pub struct HelloGroup {
     pub stand_back: Option<u64>,
 }
 
+impl HelloGroup {
+    /// The sender leads a failover, or voted for a leader, in an epoch
+    /// newer than `config_epoch`: a daemon on that config neither starts
+    /// an election nor reconfigures instances while this hello is recent.
+    pub fn failing_over_past(&self, config_epoch: u64) -> bool {
+        self.failover_epoch.is_some_and(|f| f > config_epoch)
+            || self.stand_back.is_some_and(|e| e > config_epoch)
+    }
+}
+
 /// A promotion a leader intends, in its epoch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Promotion {
