@@ -623,6 +623,7 @@ mod tests {
             failover: None,
             promoting: None,
             stand_back: None,
+            stand_back_leader: None,
             last_failover: None,
             instances: vec![inst("10.0.0.1:6379", true), inst("10.0.0.2:6379", false)],
             peers: vec![

@@ -59,25 +59,51 @@ impl Group {
         self.run_failover_actions(actions);
     }
 
-    /// A failover that stepped down for a newer election left the
-    /// backends fenced at its epoch: once that election has published
-    /// nothing newer for `failover_timeout`, this daemon routes its master
-    /// again at the fence's epoch, as an aborted failover does at once
-    /// (the simulation with operations, seed 544: the newer leader was cut
-    /// off, and clients had no master).
-    pub(super) fn republish_after_stepping_down(&mut self, now: Instant) {
-        let Some((epoch, due)) = self.stepped_down else {
+    /// A failover of this daemon's that published nothing left the
+    /// backends fenced at its epoch: its master is routed again at the
+    /// fence's epoch (`route_kept_master_at`), at once after an abort, and
+    /// after `failover_timeout` after stepping down for a newer election
+    /// that has published nothing newer by then (the simulation with
+    /// operations, seed 544: the newer leader was cut off, and clients
+    /// had no master); in both cases, if the server answers, once an INFO
+    /// read since then says it is still a master. The INFO held at the
+    /// abort can be from before
+    /// it: a daemon stalled during its failover (the process stopped, a
+    /// VM paused) held the master's from before its stall, while another
+    /// daemon had demoted that server and it had restarted as a replica,
+    /// and routed clients to it (the simulation with every fault, seed
+    /// 109).
+    pub(super) fn route_kept_master(&mut self, now: Instant) {
+        let Some((epoch, due)) = self.kept_route else {
             return;
         };
         if self.config_epoch >= epoch {
-            self.stepped_down = None;
+            self.kept_route = None;
             return;
         }
         if now < due || self.failover.is_some() || self.election.busy() {
             return;
         }
-        self.stepped_down = None;
-        tracing::info!(group = %self.cfg.name, epoch, master = %self.master, "no newer election published a master: routing the master again at this daemon's fence");
+        let master = self.master.clone();
+        let Some(inst) = self.instances.get(&master) else {
+            self.kept_route = None;
+            return;
+        };
+        // A server that does not answer is routed at once, as before the
+        // failover: clients meet the same errors either way, and the
+        // fence is not left on the backends. One that answers is read
+        // again first (its probe answers within a round trip).
+        if inst.connected && inst.info_at.is_none_or(|t| t < due) {
+            self.refresh_info(&master);
+            return;
+        }
+        self.kept_route = None;
+        if inst.connected && inst.info.as_ref().is_some_and(|i| i.role == Role::Replica) {
+            tracing::warn!(group = %self.cfg.name, epoch, master = %master,
+                "the kept master reports role:slave: not routing it again");
+            return;
+        }
+        tracing::info!(group = %self.cfg.name, epoch, master = %master, "no failover published a master: routing the kept master again at this daemon's fence");
         self.route_kept_master_at(epoch);
     }
 
@@ -358,9 +384,8 @@ impl Group {
                 // again now would have that leader abandon its failover
                 // for it (`adopt_from_peer`); if that election comes to
                 // nothing, the master is routed again at this fence's
-                // epoch after `failover_timeout`
-                // (`republish_after_stepping_down`).
-                self.stepped_down = Some((run.machine.epoch, now + self.cfg.failover_timeout));
+                // epoch after `failover_timeout` (`route_kept_master`).
+                self.kept_route = Some((run.machine.epoch, now + self.cfg.failover_timeout));
             } else {
                 // Aborted before publication, after the fence was asked
                 // for: the group keeps its master, as Sentinel does, and
@@ -372,27 +397,24 @@ impl Group {
                 // with flush_on_failover). An aborted switchover's master
                 // serves again at once; an unplanned one's may still be
                 // down, as it was routed before the failover, and is
-                // failed over again after the back-off.
-                self.route_kept_master_at(run.machine.epoch);
+                // failed over again after the back-off; it is routed once
+                // read as a master after the abort (`route_kept_master`).
+                self.kept_route = Some((run.machine.epoch, now));
+                self.route_kept_master(now);
             }
         }
     }
 
     /// Route the group's master again, at `epoch` (a fence of this
-    /// daemon's that no publication followed), in every backend; not a
-    /// master that reports `role:slave` on a fresh INFO: it was handed
-    /// over or demoted meanwhile (a switchover's `FAILOVER` that went on
-    /// on the server, another daemon's newer config), and routing
+    /// daemon's that no publication followed), in every backend. Not a
+    /// master that reports `role:slave` (`route_kept_master` asks): it was
+    /// handed over or demoted meanwhile (a switchover's `FAILOVER` that
+    /// went on on the server, another daemon's newer config), and routing
     /// clients there would send them to a replica (the simulation with
     /// every fault, seed 2501). The backends stay fenced until a newer
     /// config is published.
     fn route_kept_master_at(&mut self, epoch: u64) {
         let master = self.master.clone();
-        if self.reports_replica_now(&master) {
-            tracing::warn!(group = %self.cfg.name, epoch, master = %master,
-                "the kept master reports role:slave: not routing it again");
-            return;
-        }
         self.adopt_master(master, epoch, Reporter::Leader, None);
         let topology = self.topology(Reporter::Leader, None);
         self.persist_and_publish(topology, false);

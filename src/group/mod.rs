@@ -236,10 +236,12 @@ struct Group {
     /// time before it is demoted (`repair.rs`): a peer's hello wakes the
     /// topology check too.
     awaiting_hellos: Option<Instant>,
-    /// This daemon's failover stepped down for a newer election with the
-    /// backends fenced at its epoch: that epoch, and when to route the
-    /// master again at it if nothing newer was published by then.
-    stepped_down: Option<(u64, Instant)>,
+    /// A failover of this daemon's left the backends fenced at its epoch
+    /// and published nothing (aborted, or stepped down for a newer
+    /// election): that epoch, and from when to route the kept master
+    /// again at it if nothing newer was published by then
+    /// (`failover.rs`, `route_kept_master`).
+    kept_route: Option<(u64, Instant)>,
     last_failover: Option<LastFailover>,
     /// When the task last ran anything, to notice stalls of the process.
     run_clock: RunClock,
@@ -400,7 +402,7 @@ impl Group {
             pending_switchover: None,
             pause_renewed_at: None,
             awaiting_hellos: None,
-            stepped_down: None,
+            kept_route: None,
             last_failover: None,
             run_clock: RunClock::new(
                 now,
@@ -728,7 +730,7 @@ impl Group {
             self.machine_input(now, crate::failover::machine::Input::Tick);
         }
         self.keep_paused(now);
-        self.republish_after_stepping_down(now);
+        self.route_kept_master(now);
         self.check_topology(now);
         self.isolation_tick(now);
         // Gauges that change continuously are exported once a second, not
@@ -768,6 +770,7 @@ fn hello_group(v: &GroupView) -> HelloGroup {
         failover_epoch: v.failover.as_ref().map(|f| f.epoch),
         promoting: v.promoting.clone(),
         stand_back: v.stand_back,
+        stand_back_leader: v.stand_back_leader.clone(),
     }
 }
 

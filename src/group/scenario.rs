@@ -2178,3 +2178,137 @@ async fn a_daemon_back_from_a_cut_hears_the_peers_before_it_demotes_a_master() {
     sim.assert_followed(7001, &[7000, 7002]);
     sim.assert_no_violation();
 }
+
+/// A voter's stand-back holds the daemons that hear it back until the
+/// leader it names says, in a hello sent after it began that epoch, that
+/// it no longer fails over (the simulation with every fault, seed 3434:
+/// that leader had aborted at once, and the third daemon waited out the
+/// voter's whole `failover_timeout` while the master, back empty, stayed
+/// down). Not while the leader is not heard, still fails over, or speaks
+/// from before that epoch.
+#[tokio::test]
+async fn a_peers_stand_back_ends_when_the_leader_it_names_says_it_stopped() {
+    let mut sim = Sim::new(3, 2, 1);
+    sim.run_for(2_000).await;
+    let hello = |sim: &Sim,
+                 k: usize,
+                 current_epoch: u64,
+                 edit: &dyn Fn(&mut crate::quorum::peers::HelloGroup)| {
+        let mut g = super::hello_group(&sim.daemons[k].g.view);
+        edit(&mut g);
+        Hello {
+            id: sim.daemons[k].ctx.id.clone(),
+            run_id: None,
+            addr: daemon_addr(k),
+            current_epoch,
+            groups: vec![g],
+        }
+    };
+    // Daemon 2 hears daemon 0, which voted for daemon 1 in epoch 5, and
+    // daemon 1 as given; does it stand back?
+    let stands_back = |sim: &mut Sim, leader: Option<Hello>| {
+        let now = sim.now();
+        let voter = hello(sim, 0, 5, &|g| {
+            g.stand_back = Some(5);
+            g.stand_back_leader = Some("d1".into());
+        });
+        let d = &mut sim.daemons[2];
+        d.ctx
+            .peer_table
+            .record_hello_at(Sim::link_of(2, 0), &voter, now);
+        match leader {
+            Some(h) => {
+                d.ctx
+                    .peer_table
+                    .record_hello_at(Sim::link_of(2, 1), &h, now);
+            }
+            None => {
+                // Its last hello is older than the TTL.
+                let old = hello(sim, 1, 5, &|_| {});
+                let d = &mut sim.daemons[2];
+                d.ctx.peer_table.record_hello_at(
+                    Sim::link_of(2, 1),
+                    &old,
+                    now - crate::quorum::table::PEER_TTL - Duration::from_millis(1),
+                );
+            }
+        }
+        let d = &mut sim.daemons[2];
+        d.g.peers = d.ctx.peer_table.snapshot();
+        d.g.peer_failing_over(now)
+    };
+    let stopped = hello(&sim, 1, 5, &|g| g.failover_epoch = None);
+    assert!(!stands_back(&mut sim, Some(stopped)));
+    let running = hello(&sim, 1, 5, &|g| g.failover_epoch = Some(5));
+    assert!(stands_back(&mut sim, Some(running)));
+    let from_before = hello(&sim, 1, 4, &|g| g.failover_epoch = None);
+    assert!(stands_back(&mut sim, Some(from_before)));
+    assert!(stands_back(&mut sim, None));
+}
+
+/// The replica a daemon learnt a leader would promote, from its own
+/// election or a vote request, is spared as a master only for
+/// `failover_timeout`, the time that leader has to promote and publish:
+/// kept for good, an election lost before any promotion left the replica
+/// it named, a stray master, neither demoted nor re-pointed by any daemon
+/// that took part (the simulation with every fault, seed 3960).
+#[tokio::test]
+async fn a_replica_named_by_an_election_that_came_to_nothing_is_demoted_after_failover_timeout() {
+    let mut sim = Sim::new(3, 2, 1);
+    sim.run_for(2_000).await;
+    let named_at = sim.ms;
+    let now = sim.now();
+    for d in &mut sim.daemons {
+        d.g.election.note_asked(now, 1, addr(7002));
+    }
+    sim.servers.get_mut(&addr(7002)).master = None;
+    sim.run_for(9_000).await;
+    assert!(
+        !sim.trace
+            .iter()
+            .any(|(_, _, w)| w.starts_with("demote 127.0.0.1:7002")),
+        "demoted while a leader could still publish it: {:#?}",
+        sim.trace
+    );
+    sim.run_for(3_000).await;
+    let demote = sim.at("demote 127.0.0.1:7002 to 127.0.0.1:7000");
+    assert!(sim.trace[demote].0 - named_at >= 10_000, "{:#?}", sim.trace);
+    sim.assert_followed(7000, &[7001, 7002]);
+    sim.assert_no_violation();
+}
+
+/// A failover of this daemon's that published nothing routes its kept
+/// master again only once an INFO read since says it is still a master:
+/// the INFO held at the abort can be from before it (a daemon stalled
+/// during its failover routed clients to the kept master, which another
+/// daemon had demoted meanwhile: the simulation with every fault, seed
+/// 109).
+#[tokio::test]
+async fn an_aborted_failover_routes_its_kept_master_only_once_read_as_one_since() {
+    // Still a master: routed at the fence's epoch at the next INFO.
+    let mut sim = Sim::new(3, 2, 1);
+    sim.run_for(2_050).await;
+    sim.daemons[0].g.kept_route = Some((5, sim.now()));
+    sim.wake(0, Woken::Timer).await;
+    assert!(
+        !sim.trace.iter().any(|(_, _, w)| w.contains(" at 5")),
+        "routed on an INFO from before: {:#?}",
+        sim.trace
+    );
+    sim.run_for(300).await;
+    let routed = sim.at("publish 127.0.0.1:7000 at 5");
+    assert_eq!(sim.trace[routed].1, 0);
+    // Made a replica meanwhile: not routed, and no longer waited for.
+    let mut sim = Sim::new(3, 2, 1);
+    sim.run_for(2_050).await;
+    sim.daemons[0].g.kept_route = Some((5, sim.now()));
+    sim.servers.get_mut(&addr(7000)).master = Some(addr(7001));
+    sim.wake(0, Woken::Timer).await;
+    sim.run_for(300).await;
+    assert!(
+        !sim.trace.iter().any(|(_, _, w)| w.contains(" at 5")),
+        "routed a replica: {:#?}",
+        sim.trace
+    );
+    assert_eq!(sim.daemons[0].g.kept_route, None);
+}

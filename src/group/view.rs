@@ -310,6 +310,8 @@ pub struct GroupView {
     /// The epoch of a leader this daemon voted for and stands back for,
     /// announced in its hellos.
     pub stand_back: Option<u64>,
+    /// That leader's id.
+    pub stand_back_leader: Option<String>,
     /// The last failover.
     pub last_failover: Option<LastFailover>,
     /// Master first, then replicas in address order.
@@ -400,6 +402,7 @@ impl GroupView {
             failover: None,
             promoting: None,
             stand_back: None,
+            stand_back_leader: None,
             last_failover: None,
             instances: Vec::new(),
             peers: peers.iter().map(|e| PeerView::of(e, now)).collect(),
@@ -523,6 +526,7 @@ impl Group {
             _ => None,
         };
         let odown_since = self.election.odown_since();
+        let stand_back = self.election.standing_back_for(now, self.config_epoch);
         let status = if tilt {
             GroupStatus::Tilt
         } else if failover.is_some() {
@@ -563,7 +567,8 @@ impl Group {
                     epoch,
                     replica: a.clone(),
                 }),
-            stand_back: self.election.standing_back_for(now, self.config_epoch),
+            stand_back: stand_back.map(|(e, _)| e),
+            stand_back_leader: stand_back.map(|(_, l)| l.to_string()),
             last_failover: self.last_failover.clone(),
             instances,
             peers,

@@ -300,10 +300,10 @@ pub struct Election {
     /// group's config (its own, or one a vote request named), and when
     /// this daemon learnt of it.
     intended: Option<(u64, Addr, Instant)>,
-    /// The epoch of the last vote this daemon granted to another leader,
-    /// and when (not restored at start-up: when it was cast is not on
-    /// record).
-    voted: Option<(u64, Instant)>,
+    /// The epoch and leader of the last vote this daemon granted to
+    /// another daemon, and when (not restored at start-up: when it was
+    /// cast is not on record).
+    voted: Option<(u64, String, Instant)>,
     /// `-failover-abort-no-good-slave` was reported for this ODOWN and
     /// not followed by a start: the retries stay quiet until one starts.
     no_candidate_reported: bool,
@@ -620,7 +620,7 @@ impl Election {
         if let Some(p) = &q.promote {
             self.intended = Some((q.epoch, p.clone(), now));
         }
-        self.voted = Some((q.epoch, now));
+        self.voted = Some((q.epoch, candidate.to_string(), now));
         true
     }
 
@@ -631,11 +631,13 @@ impl Election {
     /// leader can win, and two candidates of a split election that
     /// announced each other held the third daemon back for a whole
     /// `failover_timeout` (the simulation with the network's faults, seed
-    /// 2942).
-    pub fn standing_back_for(&self, now: Instant, config_epoch: u64) -> Option<u64> {
-        let (epoch, at) = self.voted?;
-        (epoch > config_epoch && now.saturating_duration_since(at) < self.settings.failover_timeout)
-            .then_some(epoch)
+    /// 2942). The leader's id comes with it: a peer that hears that
+    /// leader say it no longer fails over need not stand back.
+    pub fn standing_back_for(&self, now: Instant, config_epoch: u64) -> Option<(u64, &str)> {
+        let (epoch, leader, at) = self.voted.as_ref()?;
+        (*epoch > config_epoch
+            && now.saturating_duration_since(*at) < self.settings.failover_timeout)
+            .then_some((*epoch, leader.as_str()))
     }
 
     /// The failover ended; after an abort the next attempt waits.

@@ -80,15 +80,34 @@ pub struct HelloGroup {
     /// when none, and from daemons that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stand_back: Option<u64>,
+    /// The id of that leader: a daemon that hears the leader itself say,
+    /// after it began that epoch, that it no longer fails over need not
+    /// stand back for it. Absent when none, and from daemons that predate
+    /// it (their `stand_back` then counts until it ends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stand_back_leader: Option<String>,
 }
 
 impl HelloGroup {
     /// The sender leads a failover, or voted for a leader, in an epoch
     /// newer than `config_epoch`: a daemon on that config neither starts
     /// an election nor reconfigures instances while this hello is recent.
-    pub fn failing_over_past(&self, config_epoch: u64) -> bool {
+    /// `leader_done(epoch, leader)` says that leader is known to have
+    /// stopped failing over in that epoch: the vote for it no longer
+    /// counts.
+    pub fn failing_over_past(
+        &self,
+        config_epoch: u64,
+        leader_done: impl Fn(u64, &str) -> bool,
+    ) -> bool {
         self.failover_epoch.is_some_and(|f| f > config_epoch)
-            || self.stand_back.is_some_and(|e| e > config_epoch)
+            || self.stand_back.is_some_and(|e| {
+                e > config_epoch
+                    && !self
+                        .stand_back_leader
+                        .as_deref()
+                        .is_some_and(|l| leader_done(e, l))
+            })
     }
 }
 
@@ -409,6 +428,7 @@ mod tests {
         assert_eq!(h.groups[0].replicas, None);
         assert_eq!(h.groups[0].failover_epoch, None);
         assert_eq!(h.groups[0].promoting, None);
+        assert_eq!(h.groups[0].stand_back_leader, None);
         // And what it receives from a newer one (unknown fields ignored).
         let mut g = h.groups[0].clone();
         g.replicas = Some(ReplicaSight { up: 2, linked: 1 });
@@ -421,8 +441,15 @@ mod tests {
             epoch: 4,
             replica: Addr::new("10.0.0.6", 6379),
         });
+        assert!(!json.contains("stand_back"), "{json}");
+        g.stand_back = Some(4);
+        g.stand_back_leader = Some("a".into());
         let json = serde_json::to_string(&g).unwrap();
         assert!(json.contains(r#""promoting":{"epoch":4"#), "{json}");
+        assert!(
+            json.contains(r#""stand_back":4,"stand_back_leader":"a""#),
+            "{json}"
+        );
         let back: HelloGroup = serde_json::from_str(&json).unwrap();
         assert_eq!(back, g);
         #[derive(Deserialize)]

@@ -294,6 +294,7 @@ mod tests {
             failover_epoch: None,
             promoting: None,
             stand_back: None,
+            stand_back_leader: None,
         });
         t.record_hello(&h, now);
         assert!(rx.has_changed().unwrap());

@@ -270,6 +270,22 @@ mod tests {
             // daemons that had its config while a third, just restarted
             // on an older one, demoted it on a voter's confirmation.
             (3765, cuts, true, true),
+            // A voter's stand-back held the third daemon back after the
+            // leader it named had aborted and said so (3434).
+            (3434, cuts, true, true),
+            // The replica a split election named, back as a master, was
+            // spared for good by every daemon that took part (3960); so
+            // was the replica a daemon's own election named, overtaken at
+            // once by a peer's older config, never re-pointed to the
+            // master that config kept (929).
+            (3960, cuts, true, true),
+            (929, None, true, true),
+            // A daemon stalled during its failover routed the kept master
+            // on an INFO from before its stall, a replica by then (109);
+            // read again before it is routed, but routed when the read
+            // says master, judged down or not (2407: left fenced).
+            (109, cuts, true, true),
+            (2407, None, true, true),
         ] {
             let r = Run {
                 seed,
