@@ -21,7 +21,7 @@ use crate::context::DaemonCtx;
 use crate::discovery::runner::{DiscoveryRunner, RunnerError};
 use crate::discovery::{Fence, Topology};
 use crate::failover::CommandFailed;
-use crate::failover::machine::Input;
+use crate::failover::machine::{Input, PromoteError};
 use crate::failover::ops::{InstanceOps, ScriptKill};
 use crate::probe::{Flavour, ProbeEvent, ProbeHandle, ProbeSettings, Role};
 use crate::quorum::peers::{HelloGroup, IsDownQuery, IsDownReply};
@@ -171,6 +171,11 @@ pub(super) enum Internal {
     },
     /// A failover step ended; `u64` is the failover's epoch.
     Failover(u64, Input),
+    /// A switchover's command (`FAILOVER TO`, `REPLTAKEOVER`) ended, in
+    /// the failover of that epoch: on the server it may outlive the
+    /// failover that sent it, which waits for this before routing its
+    /// kept master again (`failover.rs` `route_kept_master`).
+    SwitchedOver(u64, Result<(), PromoteError>),
     /// The config of `epoch` was persisted and published.
     Published {
         epoch: u64,
@@ -434,7 +439,7 @@ impl Io {
                 let r = ops
                     .switchover(&old_master, flavour, &candidate, &listed_as, timeout)
                     .await;
-                Some(Internal::Failover(epoch, Input::Promoted(r)))
+                Some(Internal::SwitchedOver(epoch, r))
             }
             Work::Repoint {
                 epoch,

@@ -18,6 +18,11 @@ use crate::metrics as m;
 use crate::probe::{Flavour, Role};
 use crate::quorum::election::Ballot;
 
+/// How long after a switchover's own timeout its command has ended for
+/// sure: the executor's watch of the takeover (1 s more) and of the old
+/// master serving again (2 s), with the connection's own time.
+const SWITCHOVER_SLACK: Duration = Duration::from_secs(5);
+
 impl Group {
     /// The election is won: start the failover machine (step 5 on).
     pub(super) fn start_failover(&mut self, now: Instant, ballot: Ballot) {
@@ -81,7 +86,14 @@ impl Group {
             self.kept_route = None;
             return;
         }
-        if now < due || self.failover.is_some() || self.election.busy() {
+        // A switchover's `FAILOVER` still under way on the server may yet
+        // hand over: its command ends (by the server's own timeout at the
+        // latest) before the master is routed again (the simulation with
+        // every fault, seed 6066: the failover aborted 10 ms after its
+        // last `FAILOVER`, which then handed over, and clients were routed
+        // to a replica).
+        if now < due || self.failover.is_some() || self.election.busy() || self.switchover_out(now)
+        {
             return;
         }
         let master = self.master.clone();
@@ -267,6 +279,9 @@ impl Group {
                         .clamp(Duration::from_secs(1), Duration::from_secs(10));
                     let listed_as = self.listed_by_master(&candidate);
                     tracing::info!(group = %self.cfg.name, %candidate, %listed_as, "switching over");
+                    self.switchovers_sent += 1;
+                    let ends_by = self.now + timeout + SWITCHOVER_SLACK;
+                    self.switchover_ends_by = self.switchover_ends_by.max(Some(ends_by));
                     self.effects.run(Work::Switchover {
                         epoch,
                         old_master,
@@ -403,6 +418,15 @@ impl Group {
                 self.route_kept_master(now);
             }
         }
+    }
+
+    /// A switchover command of this daemon may still hand over on the
+    /// server: its result has not come back, and its end is not past.
+    /// The deadline stands in for a result that never comes (the
+    /// executor's task lost with a stalled or restarting process): by
+    /// then the server's own `FAILOVER` timeout has ended it.
+    pub(super) fn switchover_out(&self, now: Instant) -> bool {
+        self.switchovers_sent > 0 && self.switchover_ends_by.is_some_and(|t| now < t)
     }
 
     /// Route the group's master again, at `epoch` (a fence of this

@@ -70,7 +70,7 @@ use crate::discovery::memory::MemoryBackend;
 use crate::discovery::runner::DiscoveryRunner;
 use crate::events::{Detail, EventKind};
 use crate::failover::FailoverError;
-use crate::failover::machine::Failover;
+use crate::failover::machine::{Failover, Input};
 use crate::metrics as m;
 use crate::probe::ProbeEvent;
 use crate::probe::info::InfoSnapshot;
@@ -242,6 +242,12 @@ struct Group {
     /// again at it if nothing newer was published by then
     /// (`failover.rs`, `route_kept_master`).
     kept_route: Option<(u64, Instant)>,
+    /// Switchover commands sent whose result has not come back, and the
+    /// time by which the last one has ended on the server for sure (its
+    /// own timeout, with the executor's watch after it): the old master
+    /// may still hand over until then (`switchover_out`).
+    switchovers_sent: u32,
+    switchover_ends_by: Option<Instant>,
     last_failover: Option<LastFailover>,
     /// When the task last ran anything, to notice stalls of the process.
     run_clock: RunClock,
@@ -403,6 +409,8 @@ impl Group {
             pause_renewed_at: None,
             awaiting_hellos: None,
             kept_route: None,
+            switchovers_sent: 0,
+            switchover_ends_by: None,
             last_failover: None,
             run_clock: RunClock::new(
                 now,
@@ -617,6 +625,13 @@ impl Group {
                 reply,
             } => self.on_voted(now, query, down, result, reply),
             Internal::Failover(epoch, input) => self.on_failover_result(now, epoch, input),
+            Internal::SwitchedOver(epoch, result) => {
+                self.switchovers_sent = self.switchovers_sent.saturating_sub(1);
+                if self.switchovers_sent == 0 {
+                    self.switchover_ends_by = None;
+                }
+                self.on_failover_result(now, epoch, Input::Promoted(result));
+            }
             Internal::Published {
                 epoch,
                 persisted,
@@ -727,7 +742,7 @@ impl Group {
         self.observe_tick(now);
         self.step_election(now, |e, o| e.tick(o));
         if self.failover.is_some() {
-            self.machine_input(now, crate::failover::machine::Input::Tick);
+            self.machine_input(now, Input::Tick);
         }
         self.keep_paused(now);
         self.route_kept_master(now);

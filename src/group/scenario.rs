@@ -49,6 +49,10 @@ pub(crate) mod run;
 mod service;
 mod tempfile;
 
+/// What Redis answers `REPLICAOF` while a `FAILOVER` runs
+/// (`replication.c`, `replicaofCommand`).
+const REPLICAOF_REFUSED: &str = "ERR REPLICAOF not allowed while failing over.";
+
 /// One simulated data server (Redis 7).
 #[derive(Debug, Clone)]
 struct Server {
@@ -618,10 +622,15 @@ impl Sim {
                 let reached = self.reaches(i, &candidate);
                 let restarted = run_id
                     .is_some_and(|r| self.servers.get(&candidate).is_some_and(|s| s.run_id != r));
-                if reached && !restarted {
+                let refused = self.failing_over(&candidate);
+                if reached && !restarted && !refused {
                     self.servers.get_mut(&candidate).master = None;
                 }
-                let r = if reached && restarted {
+                let r = if reached && refused {
+                    Err(crate::failover::machine::PromoteError::Promotion(format!(
+                        "{candidate}: {REPLICAOF_REFUSED}"
+                    )))
+                } else if reached && restarted {
                     Err(crate::failover::machine::PromoteError::CandidateRestarted(
                         format!("{candidate}: another run_id"),
                     ))
@@ -696,7 +705,11 @@ impl Sim {
             } => {
                 self.note(i, format!("repoint {replica} to {master}"));
                 self.check_routed_kept(i, &replica, "re-pointed");
-                let r = if self.reaches(i, &replica) {
+                let r = if self.reaches(i, &replica) && self.failing_over(&replica) {
+                    Err(crate::failover::CommandFailed(format!(
+                        "{replica}: {REPLICAOF_REFUSED}"
+                    )))
+                } else if self.reaches(i, &replica) {
                     self.servers.get_mut(&replica).master = Some(master);
                     Ok(())
                 } else {
@@ -711,7 +724,11 @@ impl Sim {
             } => {
                 self.note(i, format!("demote {a} to {master}"));
                 self.check_routed_kept(i, &a, "demoted");
-                let r = if self.reaches(i, &a) {
+                let r = if self.reaches(i, &a) && self.failing_over(&a) {
+                    Err(RespError::Server(crate::resp::classify_error(
+                        REPLICAOF_REFUSED,
+                    )))
+                } else if self.reaches(i, &a) {
                     self.servers.get_mut(&a).master = Some(master);
                     Ok(())
                 } else {
@@ -748,6 +765,18 @@ impl Sim {
                 None
             }
         }
+    }
+
+    /// `a` runs a `FAILOVER` (`ops.rs`): Redis refuses `REPLICAOF`, `NO
+    /// ONE` included, until it ends ([`REPLICAOF_REFUSED`]). Obeyed
+    /// here before, a server demoted while its `FAILOVER` waited handed
+    /// over to its old target once that one had become its replica again,
+    /// and the Service routed clients to it, a replica by then
+    /// (`picket-sim` with every fault, seed 6249).
+    fn failing_over(&self, a: &Addr) -> bool {
+        self.servers
+            .get(a)
+            .is_some_and(|s| s.failing_over_to.is_some())
     }
 
     /// Daemon `i`'s command to server `a` is carried out: not cut off,
@@ -1299,6 +1328,9 @@ impl Sim {
             s.alive = true;
         }
         self.net.calm();
+        if let Some(svc) = &mut self.service {
+            svc.calm();
+        }
         self.note(self.daemons.len(), "fault: heal all".into());
         self.run_for(15_000).await;
         match self.agreed_master() {
@@ -2311,4 +2343,48 @@ async fn an_aborted_failover_routes_its_kept_master_only_once_read_as_one_since(
         sim.trace
     );
     assert_eq!(sim.daemons[0].g.kept_route, None);
+}
+
+/// While a switchover's command (`FAILOVER`) of this daemon may still
+/// hand over on the server, its kept master is neither routed again after
+/// the failover ended nor made the master of a peer's config this daemon
+/// adopts (the simulation with every fault, seed 6066, and with
+/// operations, 3557: the failover was abandoned 10 ms after its last
+/// `FAILOVER`, which then handed over, and clients were routed to a
+/// replica).
+#[tokio::test]
+async fn the_kept_master_waits_for_a_switchover_command_still_out() {
+    let mut sim = Sim::new(3, 2, 1);
+    sim.run_for(2_050).await;
+    sim.daemons[0].g.switchovers_sent = 1;
+    sim.daemons[0].g.switchover_ends_by = Some(sim.now() + Duration::from_secs(10));
+    sim.daemons[0].g.kept_route = Some((5, sim.now()));
+    sim.run_for(500).await;
+    assert!(
+        !sim.trace.iter().any(|(_, _, w)| w.contains(" at 5")),
+        "routed while the command was out: {:#?}",
+        sim.trace
+    );
+    // A peer's newer config naming the same master waits too.
+    let now = sim.now();
+    let mut g = super::hello_group(&sim.daemons[1].g.view);
+    g.config_epoch = 3;
+    let hello = Hello {
+        id: sim.daemons[1].ctx.id.clone(),
+        run_id: None,
+        addr: daemon_addr(1),
+        current_epoch: 3,
+        groups: vec![g],
+    };
+    let d = &mut sim.daemons[0];
+    d.ctx
+        .peer_table
+        .record_hello_at(Sim::link_of(0, 1), &hello, now);
+    d.g.peers = d.ctx.peer_table.snapshot();
+    d.g.check_peer_configs(now);
+    assert_eq!(d.g.config_epoch, 0);
+    // The command's result came back: both go on.
+    d.g.switchovers_sent = 0;
+    d.g.check_peer_configs(now);
+    assert_eq!((&d.g.master, d.g.config_epoch), (&addr(7000), 3));
 }

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use super::{Sim, Woken};
 use crate::addr::Addr;
 use crate::context::DaemonCtx;
-use crate::failover::machine::{Input, PromoteError};
+use crate::failover::machine::PromoteError;
 use crate::failover::ops::ScriptKill;
 use crate::group::GroupMsg;
 use crate::group::effects::Internal;
@@ -50,9 +50,9 @@ impl Sim {
         timeout: Duration,
     ) -> Option<Internal> {
         let refused = |m: String| {
-            Some(Internal::Failover(
+            Some(Internal::SwitchedOver(
                 epoch,
-                Input::Promoted(Err(PromoteError::Promotion(m))),
+                Err(PromoteError::Promotion(m)),
             ))
         };
         if !self.reaches(i, &old) {
@@ -166,7 +166,7 @@ impl Sim {
             if r.is_ok() && self.same_life(sw.daemon, &sw.ctx) {
                 self.promoted.insert((sw.daemon, sw.epoch));
             }
-            let result = Internal::Failover(sw.epoch, Input::Promoted(r));
+            let result = Internal::SwitchedOver(sw.epoch, r);
             self.feed_back(sw.daemon, &sw.ctx, result).await;
         }
     }
@@ -359,6 +359,49 @@ mod tests {
             sim.trace
         );
         sim.assert_no_violation();
+    }
+
+    /// Redis refuses `REPLICAOF` (`NO ONE` included) while a `FAILOVER`
+    /// runs, and so does the simulated server: obeyed, a server demoted
+    /// while its `FAILOVER` waited handed over to its old target later
+    /// (`picket-sim` with every fault, seed 6249).
+    #[tokio::test]
+    async fn replicaof_is_refused_while_a_failover_runs() {
+        let mut sim = Sim::new(1, 1, 6);
+        sim.run_for(2_000).await;
+        sim.servers.get_mut(&addr(7001)).lag_ms = 600_000;
+        sim.servers.get_mut(&addr(7000)).offset += 50;
+        let started = sim.failover_to(0, 1, addr(7000), addr(7001), Duration::from_secs(5));
+        assert!(started.is_none(), "FAILOVER under way");
+        for w in [
+            crate::group::effects::Work::Demote {
+                addr: addr(7000),
+                flavour: crate::probe::Flavour::Redis,
+                master: addr(7002),
+            },
+            crate::group::effects::Work::Promote {
+                epoch: 1,
+                candidate: addr(7000),
+                flavour: crate::probe::Flavour::Redis,
+                flush: false,
+                run_id: None,
+            },
+        ] {
+            let r = sim.carry_out(0, w).await;
+            assert!(
+                matches!(
+                    r,
+                    Some(Internal::Demoted(_, Err(_)))
+                        | Some(Internal::Failover(
+                            _,
+                            crate::failover::machine::Input::Promoted(Err(_))
+                        ))
+                ),
+                "{r:?}"
+            );
+        }
+        let s = sim.servers.get(&addr(7000)).cloned();
+        assert!(s.is_some_and(|s| s.master.is_none() && s.failing_over_to.is_some()));
     }
 
     /// A switchover's leader killed after its `FAILOVER` was sent, which

@@ -286,6 +286,16 @@ mod tests {
             // says master, judged down or not (2407: left fenced).
             (109, cuts, true, true),
             (2407, None, true, true),
+            // A failover abandoned for a peer's config naming the kept
+            // master, or aborted, 10 ms after its last `FAILOVER`, which
+            // then handed over: clients routed to a replica (6066, 3557).
+            (6066, cuts, true, true),
+            (3557, None, true, true),
+            // A server demoted while its `FAILOVER` waited (Redis refuses
+            // that) handed over later (6249); an endpoint controller
+            // stalled in the time to settle (6546).
+            (6249, cuts, true, true),
+            (6546, cuts, true, true),
         ] {
             let r = Run {
                 seed,
