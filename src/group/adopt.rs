@@ -345,8 +345,8 @@ impl Group {
     /// simulation with every fault, seed 6066: adopted 10 ms after the
     /// last `FAILOVER`, which then handed over, and clients were routed to
     /// a replica). The command ends within its timeout and a few seconds.
-    pub(super) fn check_peer_configs(&mut self, _now: Instant) {
-        if self.switchover_out(self.now) {
+    pub(super) fn check_peer_configs(&mut self, now: Instant) {
+        if self.switchover_out(now) {
             return;
         }
         let newest = self

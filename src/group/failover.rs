@@ -72,12 +72,11 @@ impl Group {
     /// operations, seed 544: the newer leader was cut off, and clients
     /// had no master); in both cases, if the server answers, once an INFO
     /// read since then says it is still a master. The INFO held at the
-    /// abort can be from before
-    /// it: a daemon stalled during its failover (the process stopped, a
-    /// VM paused) held the master's from before its stall, while another
-    /// daemon had demoted that server and it had restarted as a replica,
-    /// and routed clients to it (the simulation with every fault, seed
-    /// 109).
+    /// abort can be from before it: a daemon stalled during its failover
+    /// (the process stopped, a VM paused) held the master's from before
+    /// its stall, while another daemon had demoted that server and it had
+    /// restarted as a replica, and routed clients to it (the simulation
+    /// with every fault, seed 109).
     pub(super) fn route_kept_master(&mut self, now: Instant) {
         let Some((epoch, due)) = self.kept_route else {
             return;

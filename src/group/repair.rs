@@ -172,13 +172,9 @@ impl Group {
         self.peers.iter().any(|e| {
             e.id.as_deref() == Some(leader)
                 && e.hello_within(now, PEER_TTL)
-                && e.hello.as_ref().is_some_and(|h| {
-                    h.current_epoch >= epoch
-                        && h.groups
-                            .iter()
-                            .find(|g| g.name == self.cfg.name)
-                            .is_some_and(|g| g.failover_epoch.is_none_or(|f| f < epoch))
-                })
+                && e.hello.as_ref().is_some_and(|h| h.current_epoch >= epoch)
+                && e.group(&self.cfg.name)
+                    .is_some_and(|g| g.failover_epoch.is_none_or(|f| f < epoch))
         })
     }
 
