@@ -111,18 +111,12 @@ impl Group {
     /// master, back as a master, and it never followed the master the
     /// group kept).
     pub(super) fn intended_promotion(&self, now: Instant) -> Option<Addr> {
+        let running = self.failover.as_ref().map(|f| f.machine.epoch);
         let own = self
             .election
             .intention(self.config_epoch)
-            .filter(|(epoch, _)| {
-                self.failover
-                    .as_ref()
-                    .is_some_and(|f| f.machine.epoch == *epoch)
-                    || self
-                        .election
-                        .announced_intention(now, self.config_epoch)
-                        .is_some()
-            });
+            .filter(|(epoch, _)| Some(*epoch) == running)
+            .or_else(|| self.election.announced_intention(now, self.config_epoch));
         self.peers
             .iter()
             .filter(|e| e.hello_within(now, PEER_TTL))

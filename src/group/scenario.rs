@@ -1197,6 +1197,33 @@ impl Sim {
         panic!("no promotion within 3 s: {:#?}", self.trace)
     }
 
+    /// Daemon `i` hears at `at` the hello daemon `k`'s view makes, with
+    /// `current_epoch` and its group as `edit` leaves it.
+    #[cfg(test)]
+    fn hear_crafted(
+        &mut self,
+        i: usize,
+        k: usize,
+        current_epoch: u64,
+        at: Instant,
+        edit: impl Fn(&mut crate::quorum::peers::HelloGroup),
+    ) {
+        let mut g = super::hello_group(&self.daemons[k].g.view);
+        edit(&mut g);
+        let hello = Hello {
+            id: self.daemons[k].ctx.id.clone(),
+            run_id: None,
+            addr: daemon_addr(k),
+            current_epoch,
+            groups: vec![g],
+        };
+        let d = &mut self.daemons[i];
+        d.ctx
+            .peer_table
+            .record_hello_at(Sim::link_of(i, k), &hello, at);
+        d.g.peers = d.ctx.peer_table.snapshot();
+    }
+
     /// Every server of `replicas` is a replica of `master`.
     #[cfg(test)]
     fn assert_followed(&self, master: u16, replicas: &[u16]) {
@@ -2222,60 +2249,32 @@ async fn a_daemon_back_from_a_cut_hears_the_peers_before_it_demotes_a_master() {
 async fn a_peers_stand_back_ends_when_the_leader_it_names_says_it_stopped() {
     let mut sim = Sim::new(3, 2, 1);
     sim.run_for(2_000).await;
-    let hello = |sim: &Sim,
-                 k: usize,
-                 current_epoch: u64,
-                 edit: &dyn Fn(&mut crate::quorum::peers::HelloGroup)| {
-        let mut g = super::hello_group(&sim.daemons[k].g.view);
-        edit(&mut g);
-        Hello {
-            id: sim.daemons[k].ctx.id.clone(),
-            run_id: None,
-            addr: daemon_addr(k),
-            current_epoch,
-            groups: vec![g],
-        }
-    };
+    let now = sim.now();
     // Daemon 2 hears daemon 0, which voted for daemon 1 in epoch 5, and
-    // daemon 1 as given; does it stand back?
-    let stands_back = |sim: &mut Sim, leader: Option<Hello>| {
-        let now = sim.now();
-        let voter = hello(sim, 0, 5, &|g| {
+    // daemon 1 with this current epoch and failover, heard within the TTL
+    // or not: does it stand back?
+    for (current, failover, recent, stands_back) in [
+        (5, None, true, false),
+        (5, Some(5), true, true),
+        (4, None, true, true),
+        (5, None, false, true),
+    ] {
+        sim.hear_crafted(2, 0, 5, now, |g| {
             g.stand_back = Some(5);
             g.stand_back_leader = Some("d1".into());
         });
-        let d = &mut sim.daemons[2];
-        d.ctx
-            .peer_table
-            .record_hello_at(Sim::link_of(2, 0), &voter, now);
-        match leader {
-            Some(h) => {
-                d.ctx
-                    .peer_table
-                    .record_hello_at(Sim::link_of(2, 1), &h, now);
-            }
-            None => {
-                // Its last hello is older than the TTL.
-                let old = hello(sim, 1, 5, &|_| {});
-                let d = &mut sim.daemons[2];
-                d.ctx.peer_table.record_hello_at(
-                    Sim::link_of(2, 1),
-                    &old,
-                    now - crate::quorum::table::PEER_TTL - Duration::from_millis(1),
-                );
-            }
-        }
-        let d = &mut sim.daemons[2];
-        d.g.peers = d.ctx.peer_table.snapshot();
-        d.g.peer_failing_over(now)
-    };
-    let stopped = hello(&sim, 1, 5, &|g| g.failover_epoch = None);
-    assert!(!stands_back(&mut sim, Some(stopped)));
-    let running = hello(&sim, 1, 5, &|g| g.failover_epoch = Some(5));
-    assert!(stands_back(&mut sim, Some(running)));
-    let from_before = hello(&sim, 1, 4, &|g| g.failover_epoch = None);
-    assert!(stands_back(&mut sim, Some(from_before)));
-    assert!(stands_back(&mut sim, None));
+        let at = if recent {
+            now
+        } else {
+            now - crate::quorum::table::PEER_TTL - Duration::from_millis(1)
+        };
+        sim.hear_crafted(2, 1, current, at, move |g| g.failover_epoch = failover);
+        assert_eq!(
+            sim.daemons[2].g.peer_failing_over(now),
+            stands_back,
+            "leader at epoch {current}, failing over in {failover:?}, heard within the TTL: {recent}"
+        );
+    }
 }
 
 /// The replica a daemon learnt a leader would promote, from its own
@@ -2367,20 +2366,8 @@ async fn the_kept_master_waits_for_a_switchover_command_still_out() {
     );
     // A peer's newer config naming the same master waits too.
     let now = sim.now();
-    let mut g = super::hello_group(&sim.daemons[1].g.view);
-    g.config_epoch = 3;
-    let hello = Hello {
-        id: sim.daemons[1].ctx.id.clone(),
-        run_id: None,
-        addr: daemon_addr(1),
-        current_epoch: 3,
-        groups: vec![g],
-    };
+    sim.hear_crafted(0, 1, 3, now, |g| g.config_epoch = 3);
     let d = &mut sim.daemons[0];
-    d.ctx
-        .peer_table
-        .record_hello_at(Sim::link_of(0, 1), &hello, now);
-    d.g.peers = d.ctx.peer_table.snapshot();
     d.g.check_peer_configs(now);
     assert_eq!(d.g.config_epoch, 0);
     // The command's result came back: both go on.

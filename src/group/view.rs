@@ -267,7 +267,8 @@ pub struct GroupView {
     pub config_epoch: u64,
     /// The config epoch this daemon's hellos announce: `config_epoch`,
     /// or the persisted one after a restart in the middle of a failover
-    /// this daemon led, until it has published its kept master again.
+    /// this daemon led, until its kept master has reported `role:master`
+    /// since the start (or another config is adopted).
     pub announced_epoch: u64,
     /// Configured quorum.
     pub quorum: u32,
