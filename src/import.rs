@@ -1182,6 +1182,7 @@ impl Plan {
                             .map(|r| crate::addr::Addr::new(r.host.clone(), r.port))
                             .collect(),
                         led_epoch: 0,
+                        led_switchover_until: 0,
                         master_identity: None,
                     },
                 ))

@@ -20,6 +20,11 @@ pub enum Mutation {
     /// Let a master that came back with less than its replicas stay the
     /// master (invariant 19).
     KeepRebootedMaster,
+    /// Promote a switchover's candidate at once, as an unplanned failover
+    /// does (and Sentinel's `SENTINEL FAILOVER`), instead of letting the
+    /// old master hand over once the candidate has its writes (invariant
+    /// 7).
+    SwitchoverWithoutHandover,
 }
 
 #[cfg(test)]

@@ -73,6 +73,11 @@ struct Args {
     /// controller, which lags (50-1,500 ms) and stalls (2-8 s) now and then.
     #[arg(long)]
     service: bool,
+    /// No server fault: switchovers and the daemons' own faults only, and
+    /// simulated clients whose acknowledged writes must all survive
+    /// (invariant 7).
+    #[arg(long, conflicts_with = "server_cuts")]
+    switchovers: bool,
     /// Print the whole trace of a seed that broke an invariant.
     #[arg(long)]
     trace: bool,
@@ -152,6 +157,7 @@ fn main() -> anyhow::Result<()> {
             net,
             ops: args.ops,
             service: args.service,
+            switchovers: args.switchovers,
         };
         let out = rt.block_on(run(&r));
         ran += 1;
@@ -198,12 +204,16 @@ fn main() -> anyhow::Result<()> {
         "{ran} schedules of {} daemons, {faults} faults{}, {:.1} virtual s each, in {secs:.1} s \
          ({cpu:.1} s of CPU; {:.2} schedules/s); seeds {first}..{}; violations: {failing:?}{}",
         args.daemons,
-        match (net.is_some(), args.ops) {
-            (true, true) => ", network faults, operations",
-            (true, false) => ", network faults",
-            (false, true) => ", operations",
-            (false, false) => "",
-        },
+        [
+            (net.is_some(), ", network faults"),
+            (args.ops, ", operations"),
+            (args.service, ", a Service"),
+            (args.switchovers, ", switchovers and no server fault"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, what)| *what)
+        .collect::<String>(),
         virtual_ms as f64 / ran.max(1) as f64 / 1000.0,
         ran as f64 / secs.max(f64::EPSILON),
         first.wrapping_add(ran.saturating_sub(1)),

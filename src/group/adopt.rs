@@ -262,7 +262,7 @@ impl Group {
             .get(&self.master)
             .and_then(|i| i.info.as_ref())
             .is_some_and(|x| x.role == Role::Master);
-        if self.start_announced.is_some() && reported_master {
+        if self.start_announced.is_some() && reported_master && !self.switchover_out(self.now) {
             self.start_announced = None;
             self.dirty = true;
             self.ctx.hello_now.notify_one();
@@ -282,6 +282,11 @@ impl Group {
     /// write nothing.
     pub(super) fn publish_current_if_needed(&mut self) {
         if !self.reports_master_now(&self.master) {
+            return;
+        }
+        if self.start_announced.is_some() && self.switchover_out(self.now) {
+            // The kept master of a switchover this daemon led before a
+            // restart: the server may still hand over.
             return;
         }
         let now = self.now;

@@ -79,6 +79,10 @@ pub(super) enum Work {
         candidate: Addr,
         listed_as: Addr,
         timeout: Duration,
+        /// When the server can no longer hand over (Unix seconds: the
+        /// command's timeout and some slack), recorded in the state file
+        /// before the command goes out.
+        ends_by_unix: u64,
     },
     /// `REPLICAOF master` on `replica`: failover step 8 (`epoch`: its
     /// result goes to that failover), or a topology repair (`None`: a
@@ -435,7 +439,15 @@ impl Io {
                 candidate,
                 listed_as,
                 timeout,
+                ends_by_unix,
             } => {
+                // Recorded first: a leader killed before the result comes
+                // does not route its kept master again, when it restarts,
+                // while the server may still hand over
+                // (`Group::switchover_out`).
+                if let Err(e) = state.switchover_sent(group, epoch, ends_by_unix).await {
+                    tracing::warn!(%group, epoch, error = %e, "cannot record the switchover in the state file");
+                }
                 let r = ops
                     .switchover(&old_master, flavour, &candidate, &listed_as, timeout)
                     .await;

@@ -11,8 +11,8 @@ use super::effects::Work;
 use super::{Group, SwitchoverReply, ms};
 use crate::addr::Addr;
 use crate::events::EventKind;
-use crate::failover::NoGoodReplica;
 use crate::failover::select::{self, Candidate, SelectionLimits};
+use crate::failover::{FailoverError, NoGoodReplica};
 use crate::metrics as m;
 use crate::quorum::election::{Action, Ask, Election, Observation, Replicas};
 use crate::quorum::peers::{IsDownQuery, IsDownReply};
@@ -298,6 +298,16 @@ impl Group {
         to: Option<Addr>,
         reply: SwitchoverReply,
     ) {
+        if self.reports_replica_now(&self.master) {
+            // Handed over or demoted already (a switchover of a leader
+            // that stepped down, a peer's config not adopted yet): no
+            // `FAILOVER` can run on it, and retrying one until
+            // `failover_timeout` held every peer back (the simulation with
+            // switchovers, seed 2796). A master reporting `role:slave` is
+            // failed over as a down one is (invariant 11).
+            reply.send(&self.cfg.name, Err(FailoverError::MasterDown));
+            return;
+        }
         let (actions, _) = self.decide(now, |e, o| e.request_switchover(o, to.as_ref()));
         let mut answer = None;
         let mut rest = Vec::new();

@@ -134,6 +134,20 @@ impl Group {
         self.machine_input(self.now, Input::Superseded(epoch));
     }
 
+    /// This daemon's process stalled: its failover, if not promoted yet,
+    /// steps down as for a newer election it may not have heard of.
+    pub(super) fn step_down_after_stall(&mut self, now: Instant) {
+        let Some(run) = self.failover.as_mut() else {
+            return;
+        };
+        if !matches!(run.machine.phase(), Phase::Fencing | Phase::Promoting) {
+            return;
+        }
+        tracing::warn!(group = %self.cfg.name, epoch = run.machine.epoch, "this daemon stalled during its failover, before the promotion; the failover steps down");
+        run.superseded = true;
+        self.machine_input(now, Input::Stalled);
+    }
+
     /// The result of a step of the failover of `epoch`: fed to the machine
     /// if that failover still runs.
     pub(super) fn on_failover_result(&mut self, now: Instant, epoch: u64, input: Input) {
@@ -279,7 +293,8 @@ impl Group {
                     let listed_as = self.listed_by_master(&candidate);
                     tracing::info!(group = %self.cfg.name, %candidate, %listed_as, "switching over");
                     self.switchovers_sent += 1;
-                    let ends_by = self.now + timeout + SWITCHOVER_SLACK;
+                    let ends_in = timeout + SWITCHOVER_SLACK;
+                    let ends_by = self.now + ends_in;
                     self.switchover_ends_by = self.switchover_ends_by.max(Some(ends_by));
                     self.effects.run(Work::Switchover {
                         epoch,
@@ -288,6 +303,7 @@ impl Group {
                         candidate,
                         listed_as,
                         timeout,
+                        ends_by_unix: self.unix_now + ends_in.as_secs_f64().ceil() as u64,
                     });
                 }
                 Action::Publish { master } => {
@@ -425,7 +441,8 @@ impl Group {
     /// executor's task lost with a stalled or restarting process): by
     /// then the server's own `FAILOVER` timeout has ended it.
     pub(super) fn switchover_out(&self, now: Instant) -> bool {
-        self.switchovers_sent > 0 && self.switchover_ends_by.is_some_and(|t| now < t)
+        (self.switchovers_sent > 0 && self.switchover_ends_by.is_some_and(|t| now < t))
+            || self.switchover_before_start.is_some_and(|t| now < t)
     }
 
     /// Route the group's master again, at `epoch` (a fence of this

@@ -248,6 +248,10 @@ struct Group {
     /// may still hand over until then (`switchover_out`).
     switchovers_sent: u32,
     switchover_ends_by: Option<Instant>,
+    /// Until when a switchover's `FAILOVER` that this daemon sent before
+    /// it restarted may still hand over (`led_switchover_until` in the
+    /// state file): counted as a command still out.
+    switchover_before_start: Option<Instant>,
     last_failover: Option<LastFailover>,
     /// When the task last ran anything, to notice stalls of the process.
     run_clock: RunClock,
@@ -367,6 +371,15 @@ impl Group {
         // persisted epoch until the kept master reports `role:master`
         // (`confirm_start_config`).
         let start_announced = (config_epoch > rec.config_epoch).then_some(rec.config_epoch);
+        // That failover was a switchover whose `FAILOVER` went out: the
+        // server may still hand over (the simulation with switchovers,
+        // seed 2353: restarted 10 ms after sending it, the leader read
+        // the kept master as one, published it, and the server handed
+        // over 30 ms later). Counted as a command still out until then.
+        let switchover_before_start = (start_announced.is_some()
+            && rec.led_epoch == config_epoch
+            && rec.led_switchover_until > unix_now)
+            .then(|| now + Duration::from_secs(rec.led_switchover_until - unix_now));
         let settings = Settings {
             id: ctx.id.clone(),
             daemons: ctx.daemons(),
@@ -411,6 +424,7 @@ impl Group {
             kept_route: None,
             switchovers_sent: 0,
             switchover_ends_by: None,
+            switchover_before_start,
             last_failover: None,
             run_clock: RunClock::new(
                 now,

@@ -1176,6 +1176,7 @@ impl Group {
             inst.sdown.forgive_until(now);
         }
         self.election.on_stall();
+        self.step_down_after_stall(now);
     }
 
     /// The gauges that change continuously, once a second.

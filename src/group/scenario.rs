@@ -17,7 +17,10 @@
 //! restarted master), the sync hold (a probe's work), backends other than
 //! the state file. Message delays, duplicates, reordering, one-way cuts
 //! and stalls are `net.rs`'s, when a run asks for them (`picket-sim
-//! --net`); `run.rs` is the schedule `picket-sim` runs.
+//! --net`); a stalled daemon's results wait for it to run again, as a
+//! stopped process finds them queued. Clients writing to the routed
+//! master are `clients.rs`'s (invariant 7, `picket-sim --switchovers`);
+//! `run.rs` is the schedule `picket-sim` runs.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -43,6 +46,7 @@ use crate::quorum::table::PeerTable;
 use crate::resp::RespError;
 use crate::tilt::Tilt;
 
+mod clients;
 mod net;
 mod ops;
 pub(crate) mod run;
@@ -90,6 +94,9 @@ struct Server {
     /// Loading its data set until then (virtual ms): `PING` answers
     /// `-LOADING`, every other command fails.
     loading_until: u64,
+    /// Whose writes it holds, up to `offset` (`clients.rs`): the
+    /// simulated clients' acknowledged writes are checked against it.
+    lineage: usize,
 }
 
 impl Server {
@@ -182,15 +189,18 @@ impl Servers {
         {
             s.offset += 1;
         }
-        let masters: Vec<(Addr, u64, String, u64)> = self
+        let masters: Vec<(Addr, u64, String, u64, usize)> = self
             .0
             .iter()
             .filter(|s| s.serving(ms) && s.master.is_none())
-            .map(|s| (s.addr.clone(), s.offset, s.replid.clone(), s.paused_until))
+            .map(|s| {
+                let replid = s.replid.clone();
+                (s.addr.clone(), s.offset, replid, s.paused_until, s.lineage)
+            })
             .collect();
         let mut lost = Vec::new();
         for s in self.0.iter_mut().filter(|s| s.serving(ms)) {
-            let Some((from, offset, replid, paused_until)) =
+            let Some((from, offset, replid, paused_until, lineage)) =
                 masters.iter().find(|m| Some(&m.0) == s.master.as_ref())
             else {
                 s.full_sync_at = None;
@@ -201,6 +211,7 @@ impl Servers {
                 // copies its master every 300 ms, the last every 100 ms.
                 if s.lag_ms <= 100 || ms.is_multiple_of(s.lag_ms) {
                     s.offset = *offset;
+                    s.lineage = *lineage;
                 }
                 s.full_sync_at = None;
                 continue;
@@ -211,6 +222,7 @@ impl Servers {
                     lost.push((s.addr.clone(), from.clone(), s.offset, *offset));
                 }
                 s.offset = *offset;
+                s.lineage = *lineage;
                 s.replid = replid.clone();
                 s.full_sync_at = None;
             }
@@ -225,6 +237,10 @@ struct Daemon {
     ctx: Arc<DaemonCtx>,
     up: bool,
     dir: tempfile::TempDir,
+    /// Results of its work that came while its process was stalled: a
+    /// stopped process finds them queued when it runs again (its
+    /// executor's tasks stalled with it, the servers did not).
+    held: Vec<Internal>,
 }
 
 fn addr(port: u16) -> Addr {
@@ -304,6 +320,11 @@ struct Sim {
     /// loading restarts (`ops.rs`), drawn from `ops_rng`.
     ops: bool,
     ops_rng: StdRng,
+    /// The schedule's only faults are switchovers and the daemons' own
+    /// (crashes, restarts, isolation): no server fault (`clients.rs`).
+    planned: bool,
+    /// Clients writing to the routed master (`clients.rs`).
+    clients: clients::Clients,
 }
 
 impl Sim {
@@ -329,6 +350,7 @@ impl Sim {
             busy_until: 0,
             script_wrote: false,
             loading_until: 0,
+            lineage: 0,
         };
         let mut sim = Sim {
             daemons: Vec::new(),
@@ -364,6 +386,8 @@ impl Sim {
             switching: Vec::new(),
             ops: false,
             ops_rng: StdRng::seed_from_u64(seed ^ 0x6f70_735f_7267),
+            planned: false,
+            clients: clients::Clients::new(addr(7000)),
         };
         for i in 0..n {
             let dir = tempfile::tempdir().expect("a temporary directory");
@@ -428,7 +452,7 @@ impl Sim {
             vec![],
             Effects::recording(),
             (master.clone(), epoch),
-            (now, 1_800_000_000 + self.ms / 1000),
+            (now, Sim::unix_at(self.ms)),
             Some(self.seed.wrapping_add(i as u64)),
         ));
         g.probe_from_start(&record);
@@ -437,7 +461,13 @@ impl Sim {
             ctx,
             up: true,
             dir,
+            held: Vec::new(),
         }
+    }
+
+    /// The wall clock (Unix seconds) at virtual `ms`.
+    fn unix_at(ms: u64) -> u64 {
+        1_800_000_000 + ms / 1000
     }
 
     fn now(&self) -> Instant {
@@ -461,7 +491,13 @@ impl Sim {
     /// Wake daemon `i` with `woken`, publish its view as the driver does,
     /// then carry out what it asked for.
     async fn wake(&mut self, i: usize, woken: Woken) {
-        if !self.daemons[i].up || self.net.stalled(i, self.ms) {
+        if !self.daemons[i].up {
+            return;
+        }
+        if self.net.stalled(i, self.ms) {
+            if let Woken::Internal(r) = woken {
+                self.daemons[i].held.push(*r);
+            }
             return;
         }
         let now = self.now();
@@ -469,6 +505,7 @@ impl Sim {
         let _span = tracing::info_span!("sim", d = i, ms = self.ms).entered();
         let g = &mut self.daemons[i].g;
         g.now = now;
+        g.unix_now = Sim::unix_at(self.ms);
         g.peers = g.ctx.peer_table.snapshot();
         g.on_wake(woken);
         g.publish_view();
@@ -652,12 +689,14 @@ impl Sim {
                 old_master,
                 candidate,
                 timeout,
+                ends_by_unix,
                 ..
             } => {
                 self.note(
                     i,
                     format!("switchover {old_master} to {candidate} at {epoch}"),
                 );
+                let _ = state.switchover_sent("g", epoch, ends_by_unix).await;
                 self.check_promotion(i, epoch, &candidate);
                 self.failover_to(i, epoch, old_master, candidate, timeout)
             }
@@ -885,8 +924,30 @@ impl Sim {
         }
         self.last_published[i] = self.last_published[i].max(epoch);
         if epoch >= self.routing.0 {
+            // Clients are routed there now (an older epoch's publication
+            // is refused by the backend).
+            let what = format!("daemon {i} published {master} at epoch {epoch}");
+            self.check_acknowledged(&what, master);
             self.routing = (epoch, Some(master.clone()));
             self.routed_by = i;
+        }
+    }
+
+    /// Invariant 7, where the schedule has no server fault (`clients.rs`):
+    /// the master `what` names holds every write acknowledged to a client.
+    fn check_acknowledged(&mut self, what: &str, master: &Addr) {
+        if !self.clients.checked {
+            return;
+        }
+        let Some(s) = self.servers.get(master) else {
+            return;
+        };
+        if let Some((offset, writer)) = self.clients.missing(s) {
+            self.violations.push(format!(
+                "{} ms: invariant 7: {what}, which does not hold the write {writer} \
+                 acknowledged at offset {offset}",
+                self.ms
+            ));
         }
     }
 
@@ -1034,7 +1095,15 @@ impl Sim {
                 // quorum has decided (a publication of it as the master
                 // after it came back is that decision: losses to it are
                 // the price of a failover to the only server left).
-                for (r, from, had, got) in self.servers.replicate(self.ms) {
+                self.clients.before_writes(&mut self.servers, self.ms);
+                let lost = self.servers.replicate(self.ms);
+                let target = match &self.service {
+                    Some(svc) => svc.endpoints.clone(),
+                    None => self.routing.1.clone(),
+                };
+                self.clients
+                    .after_writes(&self.servers, target.as_ref(), self.ms);
+                for (r, from, had, got) in lost {
                     let Some((emptied, alive)) = self.emptied_ms.get(&from) else {
                         continue;
                     };
@@ -1051,6 +1120,11 @@ impl Sim {
             for i in 0..self.daemons.len() {
                 if !self.daemons[i].up {
                     continue;
+                }
+                if !self.daemons[i].held.is_empty() && !self.net.stalled(i, self.ms) {
+                    for r in std::mem::take(&mut self.daemons[i].held) {
+                        self.wake(i, Woken::Internal(Box::new(r))).await;
+                    }
                 }
                 let known: Vec<Addr> = self.daemons[i].g.instances.keys().cloned().collect();
                 for a in known {
@@ -1252,7 +1326,19 @@ impl Sim {
         self.crash_after_vote = self.rng.random_bool(0.5);
         for _ in 0..secs {
             let n = self.daemons.len();
-            match self.rng.random_range(0..9u32) {
+            let kind = self.rng.random_range(0..9u32);
+            match kind {
+                0..=3 | 8 if self.planned => {
+                    // No server fault in a planned schedule: a switchover
+                    // for two of these five draws, calm for the others.
+                    if kind < 2 {
+                        let up: Vec<usize> = (0..n).filter(|&i| self.daemons[i].up).collect();
+                        if !up.is_empty() {
+                            let i = up[self.rng.random_range(0..up.len())];
+                            self.switchover_asked(i).await;
+                        }
+                    }
+                }
                 8 => {
                     // The master killed and restarted empty 20-150 ms
                     // later, before the refusals make it down (a
@@ -1337,7 +1423,7 @@ impl Sim {
                     self.note(n, "fault: heal".into());
                 }
             }
-            if self.ops && self.ops_rng.random_bool(0.35) {
+            if (self.ops || self.planned) && self.ops_rng.random_bool(0.35) {
                 self.ops_fault().await;
             }
             let step = self.rng.random_range(300..1500);
@@ -1376,6 +1462,7 @@ impl Sim {
                 // Clients are routed to it: a fence left behind (a
                 // failover aborted after fencing) is an outage that lasts
                 // until the next failover, which never comes.
+                self.check_acknowledged(&format!("settled on {m}"), &m);
                 if self.routing.1.as_ref() != Some(&m) {
                     self.violations.push(format!(
                         "settled on {m}, but the backend routes to {:?} at epoch {}",
@@ -1853,25 +1940,62 @@ async fn every_planted_bug_is_caught_by_the_simulation() {
     // With the network's faults, invariant 19 is checked only while a
     // majority can watch the server (`majority_watches`): it must still
     // catch a master kept after it came back with less.
-    plant(Some(Mutation::KeepRebootedMaster));
+    catch_planted(
+        Mutation::KeepRebootedMaster,
+        "the network's faults",
+        "invariant 19",
+        |seed| {
+            let mut sim = Sim::new(3, 2, seed);
+            sim.net = net::Net::new(Some(net::NetFaults::all()), seed);
+            sim
+        },
+    )
+    .await;
+    // Invariant 7 is checked with the clients, in schedules without any
+    // server fault: a switchover that does not wait for the handover.
+    catch_planted(
+        Mutation::SwitchoverWithoutHandover,
+        "switchovers only",
+        "invariant 7",
+        |seed| {
+            let mut sim = Sim::new(3, 2, seed);
+            sim.planned = true;
+            sim.clients.checked = true;
+            sim
+        },
+    )
+    .await;
+}
+
+/// Plants `m`, runs the schedules of `sim` for seeds 1 to 40 until one
+/// breaks `invariant`, and prints which seed did and how long it took.
+#[cfg(test)]
+async fn catch_planted(
+    m: crate::mutation::Mutation,
+    schedules: &str,
+    invariant: &str,
+    sim: impl Fn(u64) -> Sim,
+) {
+    use crate::mutation::plant;
+    const BUDGET: u64 = 40;
+    plant(Some(m));
     let start = std::time::Instant::now();
     let mut caught = None;
     for seed in 1..=BUDGET {
-        let mut sim = Sim::new(3, 2, seed);
-        sim.net = net::Net::new(Some(net::NetFaults::all()), seed);
+        let mut sim = sim(seed);
         sim.run_for(2_000).await;
         sim.chaos(20).await;
-        if let Some(v) = sim.violations.iter().find(|v| v.contains("invariant 19")) {
+        if let Some(v) = sim.violations.iter().find(|v| v.contains(invariant)) {
             caught = Some((seed, v.clone()));
             break;
         }
     }
     plant(None);
     let Some((seed, v)) = caught else {
-        panic!("KeepRebootedMaster with the network's faults was not caught within {BUDGET} seeds");
+        panic!("{m:?} with {schedules} was not caught within {BUDGET} seeds");
     };
     println!(
-        "KeepRebootedMaster with the network's faults: caught at seed {seed} in {:.2} s: {v}",
+        "{m:?} with {schedules}: caught at seed {seed} in {:.2} s: {v}",
         start.elapsed().as_secs_f64()
     );
 }

@@ -518,6 +518,18 @@ impl Election {
         if self.busy() {
             return vec![Action::Switchover(Err(FailoverError::InProgress))];
         }
+        // Another leader's failover may still promote: this daemon voted
+        // for it, or a peer's hello says one runs past the config. A
+        // switchover in a newer epoch started meanwhile (the simulation
+        // with switchovers, seed 242: a leader cut off from everything
+        // while it retried its switchover's promotion) was published, and
+        // then the first leader, back, promoted its candidate and
+        // re-pointed the switchover's new master to it, losing the writes
+        // that master had acknowledged. The unplanned path waits for the
+        // same (`peer_failing_over`, the back-off after a vote).
+        if o.peer_failing_over || self.standing_back_for(o.now, o.config_epoch).is_some() {
+            return vec![Action::Switchover(Err(FailoverError::AnotherLeader))];
+        }
         if o.master_sdown {
             return vec![Action::Switchover(Err(FailoverError::MasterDown))];
         }

@@ -128,6 +128,12 @@ pub struct GroupRecord {
     /// older files).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub led_epoch: u64,
+    /// A switchover's `FAILOVER` sent in `led_epoch` may hand over on the
+    /// server until then (Unix seconds; 0: none; absent from older
+    /// files): restarted before its publication, the leader does not
+    /// route its kept master again before it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub led_switchover_until: u64,
     /// The master's process as this daemon last read it: a daemon
     /// restarted while the master restarted too still sees a new process
     /// (`+reboot`) and judges what it holds, which it could not from its
@@ -514,7 +520,34 @@ impl StateStore {
         let group = group.to_string();
         self.update(move |s| {
             let g = s.groups.entry(group).or_default();
+            if epoch > g.led_epoch {
+                g.led_switchover_until = 0;
+            }
             g.led_epoch = g.led_epoch.max(epoch);
+        })
+        .await
+    }
+
+    /// This daemon, the leader of `epoch`, sends a switchover's
+    /// `FAILOVER`, which the server may complete until `until` (Unix
+    /// seconds) ([`GroupRecord::led_switchover_until`]); durable before it
+    /// returns.
+    pub async fn switchover_sent(
+        &self,
+        group: &str,
+        epoch: u64,
+        until: u64,
+    ) -> Result<(), StateError> {
+        let group = group.to_string();
+        self.update(move |s| {
+            let g = s.groups.entry(group).or_default();
+            if epoch > g.led_epoch {
+                g.led_epoch = epoch;
+                g.led_switchover_until = 0;
+            }
+            if epoch == g.led_epoch {
+                g.led_switchover_until = g.led_switchover_until.max(until);
+            }
         })
         .await
     }
@@ -691,6 +724,24 @@ mod tests {
         assert!(is_run_id(&run_id));
         drop(s);
         assert_eq!(StateStore::open(dir.path(), None).unwrap().run_id(), run_id);
+    }
+
+    #[tokio::test]
+    async fn a_switchover_sent_is_kept_for_its_epoch_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateStore::open(dir.path(), Some("a")).unwrap();
+        s.lead("g", 3).await.unwrap();
+        s.switchover_sent("g", 3, 1_000).await.unwrap();
+        // An older epoch's late record changes nothing.
+        s.switchover_sent("g", 2, 5_000).await.unwrap();
+        drop(s);
+        let s = StateStore::open(dir.path(), Some("a")).unwrap();
+        let g = s.group("g");
+        assert_eq!((g.led_epoch, g.led_switchover_until), (3, 1_000));
+        // A newer epoch led starts without one.
+        s.lead("g", 4).await.unwrap();
+        let g = s.group("g");
+        assert_eq!((g.led_epoch, g.led_switchover_until), (4, 0));
     }
 
     #[tokio::test]

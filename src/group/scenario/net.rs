@@ -130,7 +130,7 @@ pub(in crate::group) struct Net {
     /// `(from, to)`: what `from` sends `to` is lost, until then (ms).
     one_way: BTreeMap<(usize, usize), u64>,
     /// A daemon's process does not run until then (ms).
-    stalled_until: BTreeMap<usize, u64>,
+    pub(super) stalled_until: BTreeMap<usize, u64>,
     /// `(daemon, server)`: the server's replies to the daemon are lost,
     /// until then (ms).
     server_lost: BTreeMap<(usize, Addr), u64>,

@@ -226,6 +226,15 @@ impl Sim {
         s.loading_until = ms + loading;
     }
 
+    /// `SENTINEL FAILOVER` asked of daemon `i`, its answer not awaited.
+    pub(super) async fn switchover_asked(&mut self, i: usize) {
+        let n = self.daemons.len();
+        self.note(n, format!("fault: switchover asked of daemon {i}"));
+        let (reply, _) = oneshot::channel();
+        let msg = GroupMsg::Switchover { to: None, reply };
+        self.wake(i, Woken::Msg(Box::new(msg))).await;
+    }
+
     /// One of the operations' faults, when the schedule has them: a
     /// switchover asked of a daemon, a script on its master (one that
     /// wrote, a third of the time: `SCRIPT KILL` cannot end it), or its
@@ -238,13 +247,14 @@ impl Sim {
         }
         let i = up[self.ops_rng.random_range(0..up.len())];
         let m = self.daemons[i].g.master.clone();
-        match self.ops_rng.random_range(0..3u32) {
-            0 => {
-                self.note(n, format!("fault: switchover asked of daemon {i}"));
-                let (reply, _) = oneshot::channel();
-                let msg = GroupMsg::Switchover { to: None, reply };
-                self.wake(i, Woken::Msg(Box::new(msg))).await;
-            }
+        // A planned schedule has no server fault: only switchovers.
+        let kind = if self.planned {
+            0
+        } else {
+            self.ops_rng.random_range(0..3u32)
+        };
+        match kind {
+            0 => self.switchover_asked(i).await,
             1 => {
                 let ms = self.ms;
                 let busy = self.ops_rng.random_range(500..6_000);
@@ -293,6 +303,42 @@ mod tests {
         let msg = GroupMsg::Switchover { to: None, reply };
         sim.wake(i, Woken::Msg(Box::new(msg))).await;
         rx
+    }
+
+    /// Run until a daemon has sent its switchover's `FAILOVER` (at most
+    /// 3 virtual s).
+    async fn until_switchover_sent(sim: &mut Sim) {
+        for _ in 0..300 {
+            if sim
+                .trace
+                .iter()
+                .any(|(_, _, w)| w.starts_with("switchover "))
+            {
+                return;
+            }
+            sim.run_for(10).await;
+        }
+        panic!("no FAILOVER within 3 s: {:#?}", sim.trace);
+    }
+
+    /// Since trace entry `from`, nobody published the old master 7000 (a
+    /// replica once handed over), and the group settled on 7001, routed.
+    fn assert_settled_on_7001_without_routing_7000(sim: &Sim, from: usize) {
+        let routed_old: Vec<_> = sim.trace[from..]
+            .iter()
+            .filter(|(_, _, w)| w.starts_with("publish 127.0.0.1:7000"))
+            .collect();
+        assert!(
+            routed_old.is_empty(),
+            "the old master, a replica, was published: {routed_old:?} {:#?}",
+            sim.trace
+        );
+        let new = addr(7001);
+        for d in &sim.daemons {
+            assert_eq!(d.g.master, new, "{}: {:#?}", d.ctx.id, sim.trace);
+        }
+        assert_eq!(sim.routing.1, Some(new), "{:#?}", sim.trace);
+        sim.assert_no_violation();
     }
 
     #[tokio::test]
@@ -361,6 +407,112 @@ mod tests {
         sim.assert_no_violation();
     }
 
+    /// A switchover asked of a daemon that voted for another daemon's
+    /// failover, still under way, is refused (Sentinel's `-INPROG`):
+    /// started in a newer epoch, it was published, and the first leader,
+    /// cut off from everything while it retried its promotion, came back,
+    /// promoted its candidate and re-pointed the switchover's new master
+    /// to it, losing the writes that master had acknowledged (the
+    /// simulation with switchovers, seed 242).
+    #[tokio::test]
+    async fn a_switchover_is_refused_while_another_daemons_failover_may_still_promote() {
+        let mut sim = Sim::new(3, 2, 6);
+        sim.run_for(3_000).await;
+        // Daemon 2's switchover waits for a candidate that does not catch
+        // up: its failover runs on.
+        sim.servers.get_mut(&addr(7001)).lag_ms = 600_000;
+        sim.servers.get_mut(&addr(7000)).offset += 50;
+        let _first = ask_switchover(&mut sim, 2).await;
+        sim.run_for(500).await;
+        sim.at("switchover 127.0.0.1:7000 to 127.0.0.1:7001 at 1");
+        let mut second = ask_switchover(&mut sim, 0).await;
+        sim.run_for(500).await;
+        assert!(
+            matches!(
+                second.try_recv(),
+                Ok(Err(crate::failover::FailoverError::AnotherLeader))
+            ),
+            "{:#?}",
+            sim.trace
+        );
+        assert!(
+            !sim.trace
+                .iter()
+                .any(|(_, d, w)| *d == 0 && w == "start election"),
+            "{:#?}",
+            sim.trace
+        );
+        sim.assert_no_violation();
+    }
+
+    /// A switchover of a master that reports `role:slave` (handed over or
+    /// demoted already) is refused at once: no `FAILOVER` can run on it,
+    /// and one retried until `failover_timeout` held every peer back while
+    /// the group had no master (the simulation with switchovers, seed
+    /// 2796). The automatic failover handles it (invariant 11).
+    #[tokio::test]
+    async fn a_switchover_of_a_master_that_reports_role_slave_is_refused() {
+        let mut sim = Sim::new(3, 2, 6);
+        sim.run_for(3_000).await;
+        let (old, new) = (addr(7000), addr(7001));
+        sim.servers.get_mut(&new).master = None;
+        sim.servers.get_mut(&old).master = Some(new.clone());
+        sim.run_for(300).await;
+        let mut answer = ask_switchover(&mut sim, 0).await;
+        sim.run_for(300).await;
+        assert!(
+            matches!(
+                answer.try_recv(),
+                Ok(Err(crate::failover::FailoverError::MasterDown))
+            ),
+            "{:#?}",
+            sim.trace
+        );
+        assert!(
+            !sim.trace.iter().any(|(_, _, w)| w == "start election"),
+            "{:#?}",
+            sim.trace
+        );
+    }
+
+    /// The outcome of a switchover that comes while its leader's process
+    /// is stalled is taken when the process runs again, as a stopped
+    /// process finds it queued. The simulation dropped it: the leader
+    /// waited for it until its deadline (seeds 907 with switchovers and
+    /// 6876 with every fault, which never settled). Stalled before its
+    /// promotion was confirmed, the leader steps down (TILT: a newer
+    /// election may have run unheard), and the group settles on the
+    /// server that took over.
+    #[tokio::test]
+    async fn a_result_that_comes_while_the_leader_is_stalled_is_taken_when_it_runs_again() {
+        let mut sim = Sim::new(3, 2, 5);
+        sim.run_for(3_000).await;
+        let _answer = ask_switchover(&mut sim, 0).await;
+        until_switchover_sent(&mut sim).await;
+        assert_eq!(sim.daemons[0].g.switchovers_sent, 1, "{:#?}", sim.trace);
+        sim.net.stalled_until.insert(0, sim.ms + 2_000);
+        sim.run_for(1_500).await;
+        sim.at("127.0.0.1:7000 handed over to 127.0.0.1:7001");
+        assert!(
+            !sim.trace
+                .iter()
+                .any(|(_, d, w)| *d == 0 && w.starts_with("publish")),
+            "a stalled process ran: {:#?}",
+            sim.trace
+        );
+        sim.run_for(600).await;
+        // Taken at once, not at the command's deadline (its timeout and
+        // 5 s).
+        assert_eq!(sim.daemons[0].g.switchovers_sent, 0, "{:#?}", sim.trace);
+        sim.run_for(15_000).await;
+        let new = addr(7001);
+        for d in &sim.daemons {
+            assert_eq!(d.g.master, new, "{}: {:#?}", d.ctx.id, sim.trace);
+        }
+        assert_eq!(sim.routing.1, Some(new), "{:#?}", sim.trace);
+        sim.assert_no_violation();
+    }
+
     /// Redis refuses `REPLICAOF` (`NO ONE` included) while a `FAILOVER`
     /// runs, and so does the simulated server: obeyed, a server demoted
     /// while its `FAILOVER` waited handed over to its old target later
@@ -418,19 +570,7 @@ mod tests {
         let _answer = ask_switchover(&mut sim, 0).await;
         // Daemon 0 is killed as soon as it has sent `FAILOVER`, before
         // the server's answer.
-        let mut sent = false;
-        for _ in 0..300 {
-            if sim
-                .trace
-                .iter()
-                .any(|(_, _, w)| w.starts_with("switchover "))
-            {
-                sent = true;
-                break;
-            }
-            sim.run_for(10).await;
-        }
-        assert!(sent, "no FAILOVER within 3 s: {:#?}", sim.trace);
+        until_switchover_sent(&mut sim).await;
         sim.crash(0);
         let mut handed = false;
         for _ in 0..300 {
@@ -445,23 +585,42 @@ mod tests {
         let from = sim.trace.len();
         sim.restart(0);
         sim.run_for(12_000).await;
-        let routed_old: Vec<_> = sim.trace[from..]
-            .iter()
-            .filter(|(_, _, w)| w.starts_with("publish 127.0.0.1:7000"))
-            .collect();
-        assert!(
-            routed_old.is_empty(),
-            "the old master, a replica, was published: {routed_old:?} {:#?}",
-            sim.trace
-        );
         // The group fails the replica-reporting master over and routes
         // the new one.
-        let new = addr(7001);
-        for d in &sim.daemons {
-            assert_eq!(d.g.master, new, "{}: {:#?}", d.ctx.id, sim.trace);
-        }
-        assert_eq!(sim.routing.1, Some(new), "{:#?}", sim.trace);
-        sim.assert_no_violation();
+        assert_settled_on_7001_without_routing_7000(&sim, from);
+    }
+
+    /// A switchover's leader killed as soon as its `FAILOVER` went out and
+    /// restarted before the server hands over: it reads its kept master
+    /// as a master, but the server may still hand over (until the
+    /// command's timeout, recorded in the state file before it went out),
+    /// and it neither publishes that master again nor announces its
+    /// epoch with it meanwhile (the simulation with switchovers, seed
+    /// 2353: published 30 ms before the handover, and the Service routed
+    /// clients to a replica).
+    #[tokio::test]
+    async fn a_switchover_leader_back_before_the_server_handed_over_does_not_route_the_old_master()
+    {
+        let mut sim = Sim::new(3, 2, 5);
+        sim.run_for(3_000).await;
+        // The candidate copies nothing for now: FAILOVER waits for it.
+        sim.servers.get_mut(&addr(7001)).lag_ms = 600_000;
+        sim.servers.get_mut(&addr(7000)).offset += 50;
+        let _answer = ask_switchover(&mut sim, 0).await;
+        until_switchover_sent(&mut sim).await;
+        sim.at("switchover 127.0.0.1:7000 to 127.0.0.1:7001 at 1");
+        assert!(sim.daemons[0].ctx.state.group("g").led_switchover_until > 0);
+        sim.crash(0);
+        sim.restart(0);
+        let from = sim.trace.len();
+        // Back, it reads the kept master as one; then the candidate
+        // catches up and the server hands over.
+        sim.run_for(1_000).await;
+        sim.servers.get_mut(&addr(7001)).lag_ms = 100;
+        sim.run_for(500).await;
+        sim.at("127.0.0.1:7000 handed over to 127.0.0.1:7001");
+        sim.run_for(12_000).await;
+        assert_settled_on_7001_without_routing_7000(&sim, from);
     }
 
     /// The master runs a script for 5 s; whether it has written.

@@ -25,6 +25,13 @@ pub struct Run {
     /// A Kubernetes Service gates the group, its endpoint controller
     /// lagging and stalling (`service.rs`; off: recorded seeds replay).
     pub service: bool,
+    /// No server fault: the schedule's faults are switchovers and the
+    /// daemons' own (crashes, restarts, isolation, and the network's
+    /// faults between them), and simulated clients' acknowledged writes
+    /// must all survive (invariant 7, `clients.rs`). Not with the
+    /// network's server cuts: a server whose replies are lost is down for
+    /// the daemons that hear nothing, and its failover may lose writes.
+    pub switchovers: bool,
 }
 
 /// What a schedule gave.
@@ -116,6 +123,9 @@ impl Run {
         if self.service {
             cmd += " --service";
         }
+        if self.switchovers {
+            cmd += " --switchovers";
+        }
         cmd
     }
 }
@@ -127,6 +137,8 @@ pub async fn run(r: &Run) -> Outcome {
     let mut sim = Sim::new(r.daemons, r.daemons / 2 + 1, r.seed);
     sim.net = Net::new(r.net, r.seed);
     sim.ops = r.ops;
+    sim.planned = r.switchovers;
+    sim.clients.checked = r.switchovers && !r.net.is_some_and(|n| n.server_cuts);
     if r.service {
         sim.service = Some(super::service::Service::new(r.seed, super::addr(7000)));
     }
@@ -155,6 +167,7 @@ mod tests {
             net: Some(NetFaults::all()),
             ops: false,
             service: false,
+            switchovers: false,
         };
         let mut kinds = std::collections::BTreeSet::new();
         for seed in [1, 2] {
@@ -297,21 +310,67 @@ mod tests {
             (6249, cuts, true, true),
             (6546, cuts, true, true),
         ] {
-            let r = Run {
+            replays_clean(Run {
                 seed,
                 daemons: 3,
                 faults: 20,
                 net,
                 ops,
                 service,
-            };
-            let out = run(&r).await;
-            assert!(
-                out.violations.is_empty(),
-                "{}: {:#?}",
-                r.replay_command(),
-                out.violations
-            );
+                switchovers: false,
+            })
+            .await;
+        }
+    }
+
+    /// `r` keeps every invariant.
+    async fn replays_clean(r: Run) {
+        let out = run(&r).await;
+        assert!(
+            out.violations.is_empty(),
+            "{}: {:#?}",
+            r.replay_command(),
+            out.violations
+        );
+    }
+
+    /// Seeds found with switchovers and no server fault, or beside them,
+    /// replayed with the faults they were found with (docs/reliability.md,
+    /// "Simulation", the thirteenth session).
+    #[tokio::test]
+    async fn the_seeds_fixed_with_the_clients_keep_every_invariant() {
+        let cuts = Some(NetFaults {
+            server_cuts: true,
+            ..NetFaults::all()
+        });
+        for (seed, net, switchovers) in [
+            // A switchover started while another daemon's failover could
+            // still promote (242); a switchover's outcome lost while its
+            // leader was stalled (907).
+            (242, Some(NetFaults::all()), true),
+            (907, Some(NetFaults::all()), true),
+            // A switchover's leader restarted just after its `FAILOVER`
+            // went out published its kept master before the server
+            // handed over (2353).
+            (2353, Some(NetFaults::all()), true),
+            // A switchover of a master already handed over, retried until
+            // `failover_timeout` (2796).
+            (2796, Some(NetFaults::all()), true),
+            // The same loss with every fault (6876); a leader stalled
+            // after its fence promoted on waking (4346).
+            (6876, cuts, false),
+            (4346, cuts, false),
+        ] {
+            replays_clean(Run {
+                seed,
+                daemons: 3,
+                faults: 20,
+                net,
+                ops: !switchovers,
+                service: true,
+                switchovers,
+            })
+            .await;
         }
     }
 
@@ -327,11 +386,12 @@ mod tests {
             }),
             ops: true,
             service: true,
+            switchovers: true,
         };
         assert_eq!(
             r.replay_command(),
             "picket-sim --seed 7 --daemons 5 --faults 48 --net --delay-ms 40 --duplicate 0.02 \
-             --no-stalls --ops --service"
+             --no-stalls --ops --service --switchovers"
         );
         assert_eq!(Run::faults_for_virtual_secs(60), 48);
     }
