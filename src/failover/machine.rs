@@ -85,6 +85,23 @@ pub enum PromoteError {
     /// since): promoting it would publish whatever it holds now, empty
     /// perhaps, and retrying cannot undo that.
     CandidateRestarted(String),
+    /// A switchover's old master is a replica now (handed over or demoted
+    /// by another daemon): no `FAILOVER` can run on it, and retrying one
+    /// until the failover timeout held every peer back.
+    OldMasterNotMaster(String),
+}
+
+impl PromoteError {
+    /// What a refused `FAILOVER TO` means: Redis and Valkey answer "ERR
+    /// FAILOVER is not valid when server is a replica." on a replica
+    /// (`replication.c`, `failoverCommand`); anything else may pass.
+    pub fn from_failover_refusal(message: String) -> PromoteError {
+        if message.contains("not valid when server is a replica") {
+            PromoteError::OldMasterNotMaster(message)
+        } else {
+            PromoteError::Promotion(message)
+        }
+    }
 }
 
 /// An input to the machine.
@@ -474,13 +491,23 @@ impl Failover {
             {
                 self.abort(format!("switchover timed out: {e}"))
             }
+            (Phase::Promoting, Input::Promoted(Err(PromoteError::OldMasterNotMaster(e))))
+                if self.kind == Kind::Switchover =>
+            {
+                // The group fails a master reporting `role:slave` over
+                // (invariant 11), with a fresh election and view (the
+                // simulation with switchovers, seed 4824: retried for
+                // `failover_timeout` while every peer stood back).
+                self.abort(format!("the old master is a replica now: {e}"))
+            }
             (Phase::Promoting, Input::Promoted(Err(e))) => {
                 if now + PROMOTE_RETRY >= self.deadline {
                     let what = match e {
                         PromoteError::Flush(m) => format!("flush failed: {m}"),
                         PromoteError::Promotion(m)
                         | PromoteError::SwitchoverTimedOut(m)
-                        | PromoteError::CandidateRestarted(m) => {
+                        | PromoteError::CandidateRestarted(m)
+                        | PromoteError::OldMasterNotMaster(m) => {
                             format!("promotion failed: {m}")
                         }
                     };
@@ -823,6 +850,28 @@ mod tests {
         );
         assert!(aborted(&acts), "{acts:?}");
         assert!(!acts.iter().any(|x| matches!(x, Action::Publish { .. })));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_switchover_whose_old_master_is_a_replica_now_aborts_at_once() {
+        let refusal =
+            "FAILOVER on 127.0.0.1:1: ERR FAILOVER is not valid when server is a replica.";
+        let e = PromoteError::from_failover_refusal(refusal.into());
+        assert!(matches!(e, PromoteError::OldMasterNotMaster(_)), "{e:?}");
+        let (mut f, _) = start(Kind::Switchover, false, vec![], 1);
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        let acts = f.step(Instant::now(), Input::Promoted(Err(e)));
+        assert!(aborted(&acts), "{acts:?}");
+        // Any other refusal is retried, as before.
+        let other = PromoteError::from_failover_refusal(
+            "FAILOVER on 127.0.0.1:1: ERR FAILOVER already in progress.".into(),
+        );
+        assert!(matches!(other, PromoteError::Promotion(_)), "{other:?}");
+        let (mut f, _) = start(Kind::Switchover, false, vec![], 1);
+        f.step(Instant::now(), Input::Fenced(Ok(())));
+        assert!(!aborted(
+            &f.step(Instant::now(), Input::Promoted(Err(other)))
+        ));
     }
 
     #[tokio::test(start_paused = true)]

@@ -519,7 +519,9 @@ impl InstanceOps {
                     &ms,
                 ])
                 .await
-                .map_err(|e| perr(format!("FAILOVER on {old_master}: {e}")))?;
+                .map_err(|e| {
+                    PromoteError::from_failover_refusal(format!("FAILOVER on {old_master}: {e}"))
+                })?;
                 match self
                     .watch_takeover(candidate, old_flavour, timeout + Duration::from_secs(1))
                     .await

@@ -195,6 +195,9 @@ pub(super) enum Internal {
     },
     /// A `SCRIPT KILL` to a busy instance ended.
     ScriptKilled(Addr, Result<ScriptKill, RespError>),
+    /// `CLIENT PAUSE … ALL` on this server was refused or did not reach
+    /// it (`-BUSY` while a script runs, a lost connection).
+    PauseRefused(Addr),
     /// A stray master was demoted (or not).
     Demoted(Addr, Result<(), RespError>),
     /// Setting a sync hold's settings back was refused (the `n`th time).
@@ -543,7 +546,8 @@ impl Io {
                         tracing::info!(group, master = %target, ?pause, "restarted master paused: its replicas cannot resynchronise from it")
                     }
                     Err(e) => {
-                        tracing::warn!(group, master = %target, error = %e, "could not pause the restarted master")
+                        tracing::warn!(group, master = %target, error = %e, "could not pause the restarted master");
+                        return Some(Internal::PauseRefused(target));
                     }
                 }
                 None

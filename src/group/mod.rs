@@ -655,6 +655,15 @@ impl Group {
             Internal::ConfigPersisted { epoch, result } => self.on_config_persisted(epoch, result),
             Internal::Demoted(addr, r) => self.on_demoted(addr, r),
             Internal::ScriptKilled(addr, r) => self.on_script_killed(addr, r),
+            // Tried again at the next tick (`keep_paused`), not half a
+            // pause later: a master judged back with less that ran a
+            // script answered the judgement's pause with `-BUSY`, and its
+            // replica copied it before the renewal (the simulation with
+            // every fault, seed 7826).
+            Internal::PauseRefused(addr) => {
+                tracing::debug!(group = %self.cfg.name, instance = %addr, "the pause was refused; trying again at the next tick");
+                self.pause_renewed_at = None;
+            }
             Internal::FenceSet {
                 master,
                 target,

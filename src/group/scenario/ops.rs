@@ -52,7 +52,7 @@ impl Sim {
         let refused = |m: String| {
             Some(Internal::SwitchedOver(
                 epoch,
-                Err(PromoteError::Promotion(m)),
+                Err(PromoteError::from_failover_refusal(m)),
             ))
         };
         if !self.reaches(i, &old) {

@@ -338,7 +338,7 @@ mod tests {
     /// replayed with the faults they were found with (docs/reliability.md,
     /// "Simulation", the thirteenth session).
     #[tokio::test]
-    async fn the_seeds_fixed_with_the_clients_keep_every_invariant() {
+    async fn the_seeds_fixed_since_the_clients_keep_every_invariant() {
         let cuts = Some(NetFaults {
             server_cuts: true,
             ..NetFaults::all()
@@ -356,10 +356,17 @@ mod tests {
             // A switchover of a master already handed over, retried until
             // `failover_timeout` (2796).
             (2796, Some(NetFaults::all()), true),
+            // A switchover whose old master became a replica meanwhile,
+            // retried until `failover_timeout` (4824).
+            (4824, Some(NetFaults::all()), true),
             // The same loss with every fault (6876); a leader stalled
             // after its fence promoted on waking (4346).
             (6876, cuts, false),
             (4346, cuts, false),
+            // A master judged back with less refused the judgement's
+            // pause while a script ran; its replica copied it before the
+            // renewal (7826, open since the eleventh session).
+            (7826, cuts, false),
         ] {
             replays_clean(Run {
                 seed,
