@@ -39,7 +39,7 @@ pub(super) struct Clients {
 impl Clients {
     /// Clients of a group whose servers all hold lineage 0, written by
     /// `master`.
-    pub(super) fn new(master: crate::addr::Addr) -> Clients {
+    pub(super) fn new(master: Addr) -> Clients {
         Clients {
             lineages: vec![(None, master)],
             last: BTreeMap::new(),
