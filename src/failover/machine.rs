@@ -86,8 +86,11 @@ pub enum PromoteError {
     /// perhaps, and retrying cannot undo that.
     CandidateRestarted(String),
     /// A switchover's old master is a replica now (handed over or demoted
-    /// by another daemon): no `FAILOVER` can run on it, and retrying one
-    /// until the failover timeout held every peer back.
+    /// by another daemon), or in another replication history than when the
+    /// switchover began (handed over and back, restarted): no `FAILOVER`
+    /// can run on it, or one would hand over a state of the group this
+    /// failover did not choose for, and retrying until the failover
+    /// timeout held every peer back.
     OldMasterNotMaster(String),
 }
 
@@ -498,7 +501,7 @@ impl Failover {
                 // (invariant 11), with a fresh election and view (the
                 // simulation with switchovers, seed 4824: retried for
                 // `failover_timeout` while every peer stood back).
-                self.abort(format!("the old master is a replica now: {e}"))
+                self.abort(format!("the old master can no longer hand over: {e}"))
             }
             (Phase::Promoting, Input::Promoted(Err(e))) => {
                 if now + PROMOTE_RETRY >= self.deadline {

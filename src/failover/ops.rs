@@ -459,6 +459,8 @@ impl InstanceOps {
     /// waits for the replica to catch up and demotes itself first).
     /// Dragonfly: `REPLTAKEOVER secs` on the replica, with a client timeout
     /// longer than `secs`. On timeout the old master must serve again.
+    /// With `history` (Redis/Valkey), the master is first read to be
+    /// still in it ([`check_switchover_source`]).
     pub async fn switchover(
         &self,
         old_master: &Addr,
@@ -466,6 +468,7 @@ impl InstanceOps {
         candidate: &Addr,
         listed_as: &Addr,
         timeout: Duration,
+        history: Option<&str>,
     ) -> Result<(), PromoteError> {
         let perr = |e: String| PromoteError::Promotion(e);
         match old_flavour {
@@ -510,6 +513,15 @@ impl InstanceOps {
                     .connect(old_master, old_flavour)
                     .await
                     .map_err(|e| perr(format!("{old_master}: {e}")))?;
+                if let Some(history) = history {
+                    // On the connection the command goes on: nothing but
+                    // this daemon's next command comes between.
+                    let text = c
+                        .call_text(["INFO", "replication"])
+                        .await
+                        .map_err(|e| perr(format!("INFO on {old_master}: {e}")))?;
+                    check_switchover_source(old_master, &info::parse_info(&text), history)?;
+                }
                 c.call([
                     "FAILOVER",
                     "TO",
@@ -542,5 +554,73 @@ impl InstanceOps {
                 }
             }
         }
+    }
+}
+
+/// Whether a switchover's `FAILOVER` may go to `old_master`, read as
+/// `now`: still a master, and in the history (`master_replid`) it had when
+/// the failover began. Redis and Valkey draw a new replication id at every
+/// promotion and restart, so another one means the server was handed over
+/// and promoted back, or restarted, since: a command retried then, by a
+/// leader that did not hear of it, would hand the group over to a replica
+/// chosen for another state of it (the simulation with switchovers and the
+/// network's faults, seed 6131: after two newer switchovers, the stale
+/// retry handed the newer master's group over to the first candidate).
+pub fn check_switchover_source(
+    old_master: &Addr,
+    now: &InfoSnapshot,
+    history: &str,
+) -> Result<(), PromoteError> {
+    if now.role == Role::Replica {
+        return Err(PromoteError::OldMasterNotMaster(format!(
+            "{old_master} reports role:slave"
+        )));
+    }
+    match now.replid.as_deref() {
+        Some(id) if id != history => Err(PromoteError::OldMasterNotMaster(format!(
+            "{old_master} is in another history since the switchover began \
+             (master_replid {history} -> {id}): handed over and back, or restarted"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Real servers' `INFO` (Redis 7.0): the master as read when a
+    /// switchover began, and its replica.
+    const MASTER: &str = include_str!("../probe/testdata/redis7_master.txt");
+    const REPLICA: &str = include_str!("../probe/testdata/redis7_replica.txt");
+    const HISTORY: &str = "7a750eab7bf8c53558539eeccf9e208bfec638af";
+
+    #[test]
+    fn a_switchover_goes_only_to_a_master_still_in_its_history() {
+        let a = Addr::new("10.0.0.1", 6379);
+        assert_eq!(
+            check_switchover_source(&a, &info::parse_info(MASTER), HISTORY),
+            Ok(())
+        );
+        // Promoted again since (handed over and back, or restarted): Redis
+        // drew another replication id.
+        let again = MASTER.replace(HISTORY, "0123456789abcdef0123456789abcdef01234567");
+        let e = check_switchover_source(&a, &info::parse_info(&again), HISTORY);
+        assert!(
+            matches!(&e, Err(PromoteError::OldMasterNotMaster(m)) if m.contains("another history")),
+            "{e:?}"
+        );
+        // A replica now, in the same history (handed over): refused too.
+        let e = check_switchover_source(&a, &info::parse_info(REPLICA), HISTORY);
+        assert!(
+            matches!(&e, Err(PromoteError::OldMasterNotMaster(m)) if m.contains("role:slave")),
+            "{e:?}"
+        );
+        // A reply without the field leaves the decision to the server.
+        let none = MASTER.replace(&format!("master_replid:{HISTORY}"), "");
+        assert_eq!(
+            check_switchover_source(&a, &info::parse_info(&none), HISTORY),
+            Ok(())
+        );
     }
 }

@@ -83,6 +83,11 @@ pub(super) enum Work {
         /// command's timeout and some slack), recorded in the state file
         /// before the command goes out.
         ends_by_unix: u64,
+        /// The old master's `master_replid` when the failover began: a
+        /// server in another history since (handed over and promoted
+        /// back, or restarted) is not asked to hand over
+        /// ([`crate::failover::ops::check_switchover_source`]).
+        history: Option<String>,
     },
     /// `REPLICAOF master` on `replica`: failover step 8 (`epoch`: its
     /// result goes to that failover), or a topology repair (`None`: a
@@ -443,6 +448,7 @@ impl Io {
                 listed_as,
                 timeout,
                 ends_by_unix,
+                history,
             } => {
                 // Recorded first: a leader killed before the result comes
                 // does not route its kept master again, when it restarts,
@@ -452,7 +458,14 @@ impl Io {
                     tracing::warn!(%group, epoch, error = %e, "cannot record the switchover in the state file");
                 }
                 let r = ops
-                    .switchover(&old_master, flavour, &candidate, &listed_as, timeout)
+                    .switchover(
+                        &old_master,
+                        flavour,
+                        &candidate,
+                        &listed_as,
+                        timeout,
+                        history.as_deref(),
+                    )
                     .await;
                 Some(Internal::SwitchedOver(epoch, r))
             }

@@ -34,6 +34,11 @@ impl Group {
             .get(&ballot.candidate)
             .and_then(|i| i.info.as_ref())
             .and_then(|i| i.run_id.clone());
+        let master_history = self
+            .instances
+            .get(&self.master)
+            .and_then(|i| i.info.as_ref())
+            .and_then(|i| i.replid.clone());
         let (machine, actions) = Failover::start(
             now,
             ballot.epoch,
@@ -50,6 +55,7 @@ impl Group {
             machine,
             started: ballot.started,
             candidate_run_id,
+            master_history,
             superseded: false,
         });
         self.emit(EventKind::FailoverStateSelectSlave, &Detail::Master);
@@ -304,6 +310,10 @@ impl Group {
                         listed_as,
                         timeout,
                         ends_by_unix: self.unix_now + ends_in.as_secs_f64().ceil() as u64,
+                        history: self
+                            .failover
+                            .as_ref()
+                            .and_then(|r| r.master_history.clone()),
                     });
                 }
                 Action::Publish { master } => {

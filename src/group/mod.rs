@@ -191,6 +191,10 @@ struct Running {
     /// The candidate's `run_id` when the failover started (what its
     /// promotion checks).
     candidate_run_id: Option<String>,
+    /// The old master's `master_replid` when the failover started: a
+    /// switchover's command goes only to the server still in that
+    /// history (`Work::Switchover`).
+    master_history: Option<String>,
     /// Stepped down for a newer election ([`Input::Superseded`]): its
     /// abort leaves the backends to that election.
     superseded: bool,

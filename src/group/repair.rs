@@ -222,6 +222,7 @@ impl Group {
                 .is_some_and(|i| !i.reboot_unjudged);
         let master_read_at = self.instances.get(&master).and_then(|i| i.info_at);
         let mut reread_master = false;
+        let mut reread = Vec::new();
         let intended = self.intended_promotion(now);
         // Unless announce_hostnames, a replica must follow the master by its
         // IP: a replica told a name resolves it on its own main thread at
@@ -321,9 +322,20 @@ impl Group {
                         inst.wrong_master_since = None;
                     } else {
                         let since = *inst.wrong_master_since.get_or_insert(now);
-                        if now.duration_since(since) >= Duration::from_millis(500) {
+                        // On an INFO read since it was first seen wrong
+                        // (asked for now if none came): the one held may
+                        // be from before a newer failover re-pointed or
+                        // promoted it, when the replies are lost or the
+                        // daemon stalled (the simulation with every fault,
+                        // seed 9867: a daemon back from a stall re-pointed
+                        // the master published meanwhile to the dead old
+                        // one, on an INFO 1.4 s old).
+                        let due = now.duration_since(since) >= Duration::from_millis(500);
+                        if due && inst.info_at.is_some_and(|t| t > since) {
                             inst.last_action = Some(now);
                             repoint.push((inst.addr.clone(), info.flavour));
+                        } else if due {
+                            reread.push(inst.addr.clone());
                         }
                     }
                 }
@@ -331,7 +343,10 @@ impl Group {
             }
         }
         if reread_master {
-            self.refresh_info(&master);
+            reread.push(master.clone());
+        }
+        for a in &reread {
+            self.refresh_info(a);
         }
         // Asked once for each time waited from: the hellos' replies come
         // back within a round trip, and a peer's hello wakes the group to

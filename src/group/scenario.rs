@@ -13,9 +13,12 @@
 //! decisions against real servers; these check their order and outcome,
 //! and the invariants after every step ([`Sim::violations`]).
 //!
-//! Not simulated yet: servers' replication by data (a full copy from a
-//! restarted master), the sync hold (a probe's work), backends other than
-//! the state file. Message delays, duplicates, reordering, one-way cuts
+//! The servers replicate by offset and replication id, as Redis 7 does: a
+//! promotion draws a new id and keeps the old one as the second, a
+//! replica of a history its master continues goes on where it is, any
+//! other takes a full copy and drops what it held beyond. Not simulated
+//! yet: the sync hold (a probe's work), backends other than the state
+//! file and a Service. Message delays, duplicates, reordering, one-way cuts
 //! and stalls are `net.rs`'s, when a run asks for them (`picket-sim
 //! --net`); a stalled daemon's results wait for it to run again, as a
 //! stopped process finds them queued. Clients writing to the routed
@@ -66,8 +69,13 @@ struct Server {
     master: Option<Addr>,
     offset: u64,
     run_id: String,
-    /// The replication history (`master_replid`).
+    /// The replication history (`master_replid`): drawn anew at every
+    /// promotion, as Redis' `shiftReplicationId` does.
     replid: String,
+    /// The history it continues (`master_replid2`) and up to which offset
+    /// (`second_repl_offset`): a replica of that history no further on
+    /// continues with it by a partial resynchronisation.
+    replid2: Option<(String, u64)>,
     priority: u32,
     /// `CLIENT PAUSE … ALL` until then (virtual ms): no replica can
     /// synchronise from it meanwhile.
@@ -105,6 +113,38 @@ impl Server {
     fn serving(&self, ms: u64) -> bool {
         self.alive && ms >= self.busy_until && ms >= self.loading_until
     }
+
+    /// A replica becomes a master at `ms` (`REPLICAOF NO ONE`, or the
+    /// target of a `FAILOVER`): a new history, the one it followed kept
+    /// as the second, as Redis does; a master stays as it is.
+    fn promote(&mut self, ms: u64) {
+        if self.master.take().is_some() {
+            let id = format!("{ms:026}{:014}", self.addr.port);
+            let old = std::mem::replace(&mut self.replid, id);
+            self.replid2 = Some((old, self.offset));
+        }
+    }
+
+    /// Back empty at `ms` (a restart without its data): a new process and
+    /// a history with nothing before it. Returns the history it had.
+    fn restart_empty(&mut self, ms: u64) -> String {
+        self.offset = 0;
+        self.run_id = format!("{ms:040}");
+        self.replid2 = None;
+        std::mem::replace(&mut self.replid, format!("{:040}", ms + 1))
+    }
+
+    /// Whether a replica of this master at `replid` and `offset` goes on
+    /// without a full copy: the same history, or the one this master
+    /// continues, no further than where it left it (Redis'
+    /// `masterTryPartialResynchronization`).
+    fn continues(&self, replid: &str, offset: u64) -> bool {
+        self.replid == replid
+            || self
+                .replid2
+                .as_ref()
+                .is_some_and(|(id, upto)| id == replid && offset <= *upto)
+    }
 }
 
 /// The servers of one group.
@@ -130,7 +170,7 @@ impl Servers {
         s.master
             .as_ref()
             .and_then(|m| self.get(m))
-            .is_some_and(|m| m.alive && m.master.is_none() && m.replid == s.replid)
+            .is_some_and(|m| m.alive && m.master.is_none() && m.continues(&s.replid, s.offset))
     }
 
     /// What `INFO` answers on `addr`.
@@ -189,24 +229,23 @@ impl Servers {
         {
             s.offset += 1;
         }
-        let masters: Vec<(Addr, u64, String, u64, usize)> = self
+        let masters: Vec<Server> = self
             .0
             .iter()
             .filter(|s| s.serving(ms) && s.master.is_none())
-            .map(|s| {
-                let replid = s.replid.clone();
-                (s.addr.clone(), s.offset, replid, s.paused_until, s.lineage)
-            })
+            .cloned()
             .collect();
         let mut lost = Vec::new();
         for s in self.0.iter_mut().filter(|s| s.serving(ms)) {
-            let Some((from, offset, replid, paused_until, lineage)) =
-                masters.iter().find(|m| Some(&m.0) == s.master.as_ref())
-            else {
+            let Some(m) = masters.iter().find(|m| Some(&m.addr) == s.master.as_ref()) else {
                 s.full_sync_at = None;
                 continue;
             };
-            if s.replid == *replid {
+            let (from, offset, replid, paused_until, lineage) =
+                (&m.addr, &m.offset, &m.replid, &m.paused_until, &m.lineage);
+            if m.continues(&s.replid, s.offset) {
+                // A partial resynchronisation takes the master's history.
+                s.replid.clone_from(replid);
                 // Links of different speeds: every replica but the last
                 // copies its master every 300 ms, the last every 100 ms.
                 if s.lag_ms <= 100 || ms.is_multiple_of(s.lag_ms) {
@@ -223,7 +262,8 @@ impl Servers {
                 }
                 s.offset = *offset;
                 s.lineage = *lineage;
-                s.replid = replid.clone();
+                s.replid.clone_from(replid);
+                s.replid2 = None;
                 s.full_sync_at = None;
             }
         }
@@ -341,6 +381,7 @@ impl Sim {
             offset: 1000,
             run_id: format!("{port}").repeat(10),
             replid: "a".repeat(40),
+            replid2: None,
             priority,
             paused_until: 0,
             full_sync_at: None,
@@ -661,7 +702,8 @@ impl Sim {
                     .is_some_and(|r| self.servers.get(&candidate).is_some_and(|s| s.run_id != r));
                 let refused = self.failing_over(&candidate);
                 if reached && !restarted && !refused {
-                    self.servers.get_mut(&candidate).master = None;
+                    let ms = self.ms;
+                    self.servers.get_mut(&candidate).promote(ms);
                 }
                 let r = if reached && refused {
                     Err(crate::failover::machine::PromoteError::Promotion(format!(
@@ -690,6 +732,7 @@ impl Sim {
                 candidate,
                 timeout,
                 ends_by_unix,
+                history,
                 ..
             } => {
                 self.note(
@@ -698,6 +741,17 @@ impl Sim {
                 );
                 let _ = state.switchover_sent("g", epoch, ends_by_unix).await;
                 self.check_promotion(i, epoch, &candidate);
+                if let Some(h) = history
+                    && self.reaches(i, &old_master)
+                    && let Some(o) = self.servers.get(&old_master)
+                {
+                    let info = crate::probe::info::parse_info(&self.servers.info(o));
+                    if let Err(e) =
+                        crate::failover::ops::check_switchover_source(&old_master, &info, &h)
+                    {
+                        return Some(Internal::SwitchedOver(epoch, Err(e)));
+                    }
+                }
                 self.failover_to(i, epoch, old_master, candidate, timeout)
             }
             Work::ScriptKill(a) => {
@@ -1364,10 +1418,7 @@ impl Sim {
                         self.run_for(down).await;
                         let s = self.servers.get_mut(&m);
                         s.alive = true;
-                        s.offset = 0;
-                        s.run_id = format!("{:040}", self.ms);
-                        let before =
-                            std::mem::replace(&mut s.replid, format!("{:040}", self.ms + 1));
+                        let before = s.restart_empty(self.ms);
                         self.mark_emptied(&m, &before);
                         self.note(n, format!("fault: bounce {m} empty after {down} ms"));
                     }
@@ -1390,12 +1441,11 @@ impl Sim {
                     let empty = self.rng.random_bool(0.5);
                     if let Some(s) = self.servers.0.iter_mut().find(|s| !s.alive) {
                         s.alive = true;
-                        let before = s.replid.clone();
-                        if empty {
-                            s.offset = 0;
-                            s.run_id = format!("{:040}", self.ms);
-                            s.replid = format!("{:040}", self.ms + 1);
-                        }
+                        let before = if empty {
+                            s.restart_empty(self.ms)
+                        } else {
+                            s.replid.clone()
+                        };
                         let a = s.addr.clone();
                         if empty {
                             self.mark_emptied(&a, &before);

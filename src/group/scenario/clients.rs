@@ -5,9 +5,10 @@
 //!
 //! A server's data is a lineage and an offset: it holds the writes of its
 //! lineage up to that offset, and a lineage that forked from another
-//! holds that one's writes up to the fork. The simulated servers keep one
-//! replication history across promotions, as their offsets and ids say,
-//! so the ids cannot tell whose writes a server holds; the lineages do:
+//! holds that one's writes up to the fork. The replication ids and
+//! offsets alone do not say whose writes a server holds (a replica that
+//! continues a promoted master's history by a partial resynchronisation
+//! takes its new id with what it had, as on Redis); the lineages do:
 //! - a master writes on a lineage of its own: the first write of a server
 //!   that became a master (promoted, handed over to, a master left as it
 //!   was while the others moved on) forks one from what it held;

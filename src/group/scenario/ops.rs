@@ -119,7 +119,7 @@ impl Sim {
                     })
             });
             if !sw.handed_over && ready {
-                self.servers.get_mut(&sw.candidate).master = None;
+                self.servers.get_mut(&sw.candidate).promote(ms);
                 let o = self.servers.get_mut(&sw.old);
                 o.master = Some(sw.candidate.clone());
                 o.failing_over_to = None;
@@ -550,6 +550,99 @@ mod tests {
         }
         let s = sim.servers.get(&addr(7000)).cloned();
         assert!(s.is_some_and(|s| s.master.is_none() && s.failing_over_to.is_some()));
+    }
+
+    /// Each promotion draws a new replication id and keeps the old one as
+    /// the second, as Redis does: a replica of the old history no further
+    /// on goes on without a copy (and takes the new id), one further on
+    /// (an old master that took writes the new one never had) takes a
+    /// full copy and drops them.
+    #[tokio::test]
+    async fn a_promotion_draws_a_new_history_that_its_old_replicas_continue() {
+        let mut sim = Sim::new(1, 1, 6);
+        let (old, new, other) = (addr(7000), addr(7001), addr(7002));
+        let history = sim.servers.get(&old).map(|s| s.replid.clone());
+        sim.servers.get_mut(&old).offset = 1_200;
+        sim.servers.get_mut(&new).promote(5);
+        let n = sim.servers.get(&new).cloned().expect("a server");
+        assert_ne!(Some(&n.replid), history.as_ref());
+        assert_eq!(n.replid2, history.clone().map(|h| (h, 1_000)));
+        sim.servers.get_mut(&other).master = Some(new.clone());
+        sim.servers.get_mut(&old).master = Some(new.clone());
+        let mut lost = sim.servers.replicate(10);
+        let o = sim.servers.get(&other).cloned().expect("a server");
+        assert!(sim.servers.linked(&o));
+        assert_eq!(o.replid, n.replid, "continued, with the new history");
+        assert!(
+            !sim.servers
+                .linked(&sim.servers.get(&old).cloned().expect("a server"))
+        );
+        for ms in [500, 1_010, 1_020] {
+            lost.extend(sim.servers.replicate(ms));
+        }
+        assert_eq!(lost, vec![(old.clone(), new.clone(), 1_200, 1_003)]);
+        assert_eq!(sim.servers.get(&old).map(|s| &s.replid), Some(&n.replid));
+        // Promoting a master changes nothing.
+        sim.servers.get_mut(&new).promote(2_000);
+        assert_eq!(sim.servers.get(&new).map(|s| &s.replid), Some(&n.replid));
+    }
+
+    /// A switchover's `FAILOVER`, retried by a leader that did not hear of
+    /// the newer switchovers that handed its old master over and back, is
+    /// not sent: the server is in another history than when the failover
+    /// began (the simulation with switchovers and the network's faults,
+    /// seed 6131: the stale command handed the newer master's group over).
+    #[tokio::test]
+    async fn a_switchover_retried_after_the_master_was_handed_over_and_back_is_refused() {
+        let mut sim = Sim::new(3, 2, 6);
+        sim.run_for(2_000).await;
+        let (old, new) = (addr(7000), addr(7001));
+        let began = sim.servers.get(&old).map(|s| s.replid.clone());
+        let work = |history: Option<String>| crate::group::effects::Work::Switchover {
+            epoch: 9,
+            old_master: old.clone(),
+            flavour: crate::probe::Flavour::Redis,
+            candidate: new.clone(),
+            listed_as: new.clone(),
+            timeout: Duration::from_secs(5),
+            ends_by_unix: 0,
+            history,
+        };
+        // Handed over to 7001 and back.
+        let (ms, caught_up) = (sim.ms, sim.servers.get(&old).map_or(0, |s| s.offset));
+        sim.servers.get_mut(&new).offset = caught_up;
+        sim.servers.get_mut(&new).promote(ms);
+        sim.servers.get_mut(&old).master = Some(new.clone());
+        sim.run_for(100).await;
+        // `FAILOVER` hands over once its target has caught up.
+        let (ms, caught_up) = (sim.ms, sim.servers.get(&new).map_or(0, |s| s.offset));
+        sim.servers.get_mut(&old).offset = caught_up;
+        sim.servers.get_mut(&old).promote(ms);
+        sim.servers.get_mut(&new).master = Some(old.clone());
+        sim.run_for(100).await;
+        let r = sim.carry_out(0, work(began)).await;
+        assert!(
+            matches!(
+                &r,
+                Some(Internal::SwitchedOver(9, Err(PromoteError::OldMasterNotMaster(m))))
+                    if m.contains("another history")
+            ),
+            "{r:?}"
+        );
+        assert!(
+            sim.servers
+                .get(&old)
+                .is_some_and(|s| s.failing_over_to.is_none())
+        );
+        // In the history it has now, the command goes out.
+        let now = sim.servers.get(&old).map(|s| s.replid.clone());
+        let r = sim.carry_out(0, work(now)).await;
+        assert!(r.is_none(), "{r:?}");
+        assert!(
+            sim.servers
+                .get(&old)
+                .is_some_and(|s| s.failing_over_to.is_some())
+        );
     }
 
     /// A switchover's leader killed after its `FAILOVER` was sent, which

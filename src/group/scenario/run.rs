@@ -359,6 +359,11 @@ mod tests {
             // A switchover whose old master became a replica meanwhile,
             // retried until `failover_timeout` (4824).
             (4824, Some(NetFaults::all()), true),
+            // A switchover's `FAILOVER` retried by a leader that did not
+            // hear of two newer switchovers reached its old master, handed
+            // over and back since (6131, known open in the thirteenth
+            // session).
+            (6131, Some(NetFaults::all()), true),
             // The same loss with every fault (6876); a leader stalled
             // after its fence promoted on waking (4346).
             (6876, cuts, false),
@@ -367,6 +372,11 @@ mod tests {
             // pause while a script ran; its replica copied it before the
             // renewal (7826, open since the eleventh session).
             (7826, cuts, false),
+            // A daemon back from a stall re-pointed the master published
+            // meanwhile to the dead old one, on an INFO held from before
+            // (9867, found once the servers drew a new replication id at
+            // each promotion).
+            (9867, cuts, false),
         ] {
             replays_clean(Run {
                 seed,
