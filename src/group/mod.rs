@@ -267,6 +267,10 @@ struct Group {
     /// it): for the times the view reports, such as the last failover's.
     unix_now: u64,
     last_export: Instant,
+    /// When this task started: for [`repair::PROMOTED_GRACE`] after it, a
+    /// daemon back with an old config demotes no stray master, for the
+    /// hellos of the peers that hold a newer one to arrive.
+    started: Instant,
     published_epoch: Option<u64>,
     /// The persisted config epoch, announced in the hellos instead of
     /// `config_epoch` while that is an epoch this daemon led and never
@@ -435,6 +439,7 @@ impl Group {
                 observe::stall_threshold(tick_period(&cfg), cfg.down_after),
             ),
             last_export: now,
+            started: now,
             now,
             unix_now,
             published_epoch: None,

@@ -851,18 +851,19 @@ impl Group {
             return;
         }
         // A server this daemon knows but has not read yet (it has just
-        // started, from the servers in its state file) is judged against
-        // once read, or once down: judged without it, a master that came
-        // back with less than that replica holds was kept, and the replica
-        // copied it (the simulation, seeds 909 and 912 with the network's
-        // faults: every daemon restarted just after its vote).
-        if self
+        // started, from the servers in its state file; a replica loading
+        // its data) is judged against once read, or once down, before the
+        // master is kept: kept without it, a master that came back with
+        // less than that replica holds was kept, and the replica copied it
+        // (the simulation, seeds 909 and 912 with the network's faults:
+        // every daemon restarted just after its vote). Behind a replica
+        // read already, it is judged at once: waiting for a replica still
+        // loading, the daemons let another take its full copy (the
+        // simulation with every fault, seed 11764).
+        let unread = self
             .instances
             .values()
-            .any(|r| r.addr != *addr && r.info.is_none() && !r.sdown.is_down())
-        {
-            return;
-        }
+            .any(|r| r.addr != *addr && r.info.is_none() && !r.sdown.is_down());
         // The replicas, and a master that serves the history the
         // restarted one served before (a replica promoted meanwhile, by a
         // leader whose config has not reached this daemon, or left a
@@ -896,6 +897,7 @@ impl Group {
         };
         let why = match verdict {
             reboot::Verdict::Loading => return,
+            reboot::Verdict::Keeps if unread => return,
             reboot::Verdict::Keeps => {
                 inst.reboot_unjudged = false;
                 tracing::info!(group = %self.cfg.name, master = %addr, ?holdings, ?keys, ?replid, "the restarted master holds what its replicas hold: it stays the master");

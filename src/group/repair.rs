@@ -27,7 +27,7 @@ use crate::resp::RespError;
 /// master of the newer config, and the daemons never agreed again: the
 /// others do not adopt a config whose master reports `role:slave` (the
 /// simulation with the network's faults, seed 176).
-const PROMOTED_GRACE: Duration = Duration::from_secs(4);
+pub(super) const PROMOTED_GRACE: Duration = Duration::from_secs(4);
 
 /// When `inst` last appeared as what it is now: its role changed, it was
 /// connected again, or it answered again after it was down. A stray
@@ -247,6 +247,15 @@ impl Group {
                 .count()
                 >= majority
         };
+        // A daemon just started waits as long for the peers' configs (as
+        // Sentinel waits four publish periods after it creates an
+        // instance): the confirmation of its own by a majority may come
+        // from peers as stale as itself (the simulation with every fault,
+        // seed 11353: two daemons of the old epoch, the one that had led
+        // the newer failover down for 11 s; back at once with one of
+        // them, the other demoted the master it had published, 160 ms
+        // before its hello came).
+        let just_started = now.saturating_duration_since(self.started) < PROMOTED_GRACE;
         let mut awaiting_hellos: Option<Instant> = None;
         let mut demote = Vec::new();
         let mut repoint = Vec::new();
@@ -284,10 +293,10 @@ impl Group {
                 // come back, and the group never settled).
                 Role::Master
                     if master_sane
-                        && inst
-                            .promoted_in_place_at
-                            .is_some_and(|t| now.saturating_duration_since(t) < PROMOTED_GRACE) => {
-                }
+                        && (just_started
+                            || inst.promoted_in_place_at.is_some_and(|t| {
+                                now.saturating_duration_since(t) < PROMOTED_GRACE
+                            })) => {}
                 // Not before a majority's hellos came after it appeared
                 // (`appeared_at`): meanwhile the daemon waits, and has
                 // asked for them.

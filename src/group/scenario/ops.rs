@@ -770,4 +770,47 @@ mod tests {
         sim.assert_followed(7000, &[7001, 7002]);
         sim.assert_no_violation();
     }
+
+    /// A master back empty is judged behind a replica read already,
+    /// without waiting for another replica that restarted and is still
+    /// loading its data (unread): waiting, the daemons let the first take
+    /// the empty server's full copy (the simulation with every fault, seed
+    /// 11764).
+    #[tokio::test]
+    async fn a_master_back_empty_is_judged_without_waiting_for_a_loading_replica() {
+        let mut sim = Sim::new(3, 2, 9);
+        sim.run_for(3_000).await;
+        let (m, loading, replica) = (addr(7000), addr(7001), addr(7002));
+        // The replica back loading its data (it answers `-LOADING`, and
+        // its INFO cannot be read), and the daemons restarted since: they
+        // have not read it.
+        sim.servers.get_mut(&loading).alive = false;
+        sim.run_for(50).await;
+        sim.restart_loading(&loading, 10_000);
+        sim.run_for(100).await;
+        for i in 0..3 {
+            sim.crash(i);
+            sim.restart(i);
+        }
+        sim.run_for(1_000).await;
+        for d in &sim.daemons {
+            let i = d.g.instances.get(&loading).expect("a known replica");
+            assert!(i.info.is_none() && !i.sdown.is_down(), "{}", d.ctx.id);
+        }
+        let had = sim.servers.get(&replica).map_or(0, |s| s.offset);
+        sim.servers.get_mut(&m).alive = false;
+        sim.run_for(30).await;
+        let ms = sim.ms;
+        let s = sim.servers.get_mut(&m);
+        s.alive = true;
+        let before = s.restart_empty(ms);
+        sim.mark_emptied(&m, &before);
+        sim.run_for(3_000).await;
+        let now = sim.servers.get(&replica).map_or(0, |s| s.offset);
+        assert!(
+            now >= had,
+            "{replica} copied the empty master: {had} -> {now}"
+        );
+        sim.assert_no_violation();
+    }
 }

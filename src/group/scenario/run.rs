@@ -377,6 +377,11 @@ mod tests {
             // (9867, found once the servers drew a new replication id at
             // each promotion).
             (9867, cuts, false),
+            // A daemon back with an old config demoted the newer master
+            // on a stale peer's hello (11353); a master back empty judged
+            // only once a replica still loading was read (11764).
+            (11353, cuts, false),
+            (11764, cuts, false),
         ] {
             replays_clean(Run {
                 seed,
