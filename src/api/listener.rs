@@ -108,7 +108,12 @@ pub async fn serve_on_own_thread(
             };
             rt.block_on(async move {
                 match TcpListener::from_std(std_listener) {
-                    Ok(l) => serve(api, l, tls, cancel).await,
+                    Ok(l) => {
+                        tokio::select! {
+                            () = serve(api, l, tls, cancel) => {}
+                            () = super::spin::run() => {}
+                        }
+                    }
                     Err(e) => tracing::error!(error = %e, "cannot serve the RESP listener"),
                 }
             });
@@ -680,6 +685,7 @@ async fn answer<R, W: AsyncWrite + Unpin>(
     api.stats
         .commands_processed
         .fetch_add(ran, Ordering::Relaxed);
+    super::spin::batch_answered();
     end
 }
 

@@ -28,6 +28,7 @@ pub mod pubsub;
 pub mod reply;
 pub mod request;
 pub mod sentinel;
+mod spin;
 pub mod util;
 
 pub use conn::{
