@@ -71,6 +71,8 @@ pub enum Exclusion {
     Busy,
     /// Took a copy of a master that restarted with less data.
     CopiedRestartedMaster,
+    /// Reports `role:master`: a switchover hands over to a replica only.
+    NotAReplica,
 }
 
 /// Limits used by the exclusions.

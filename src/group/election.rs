@@ -100,8 +100,10 @@ impl<'a> ReplicaSet<'a> {
     }
 }
 
-impl Replicas for ReplicaSet<'_> {
-    fn select(&self, to: Option<&Addr>) -> Result<Addr, NoGoodReplica> {
+impl ReplicaSet<'_> {
+    /// The best candidate (only `to` when given), among the servers that
+    /// report `role:slave` only when `replicas_only`.
+    fn select_among(&self, to: Option<&Addr>, replicas_only: bool) -> Result<Addr, NoGoodReplica> {
         let cands: Vec<Candidate> = self
             .instances
             .values()
@@ -117,8 +119,36 @@ impl Replicas for ReplicaSet<'_> {
         {
             return Err(NoGoodReplica::Unknown(t.clone()));
         }
+        let (cands, masters): (Vec<Candidate>, Vec<Candidate>) = cands
+            .into_iter()
+            .partition(|c| !replicas_only || c.role != crate::probe::Role::Master);
         let sel = select::select(&cands, &self.limits);
-        sel.chosen.ok_or(NoGoodReplica::NoneSuitable(sel.excluded))
+        sel.chosen.ok_or_else(|| {
+            let mut excluded = sel.excluded;
+            excluded.extend(
+                masters
+                    .into_iter()
+                    .map(|c| (c.addr, select::Exclusion::NotAReplica)),
+            );
+            NoGoodReplica::NoneSuitable(excluded)
+        })
+    }
+}
+
+impl Replicas for ReplicaSet<'_> {
+    fn select(&self, to: Option<&Addr>) -> Result<Addr, NoGoodReplica> {
+        self.select_among(to, false)
+    }
+
+    fn select_replica(&self, to: Option<&Addr>) -> Result<Addr, NoGoodReplica> {
+        self.select_among(to, true)
+    }
+
+    fn reports_replica(&self, addr: &Addr) -> bool {
+        self.instances
+            .get(addr)
+            .and_then(|i| i.info.as_ref())
+            .is_some_and(|x| x.role == crate::probe::Role::Replica)
     }
 
     fn eligible(&self, addr: &Addr) -> bool {

@@ -260,6 +260,21 @@ pub trait Replicas {
     fn select(&self, to: Option<&Addr>) -> Result<Addr, NoGoodReplica>;
     /// Whether `addr` could be promoted now.
     fn eligible(&self, addr: &Addr) -> bool;
+    /// As [`Replicas::select`] among the servers that report `role:slave`
+    /// only: a switchover's `FAILOVER TO` hands over to a replica, and a
+    /// master is ranked first for an unplanned failover (one an earlier
+    /// leader promoted), which a stray master left by an unplanned
+    /// failover also looks like (the simulation with switchovers, seed
+    /// 12157: the switchover retried `FAILOVER TO` it until its old master
+    /// looked down, then promoted it and lost what the group's master
+    /// had acknowledged).
+    fn select_replica(&self, to: Option<&Addr>) -> Result<Addr, NoGoodReplica> {
+        self.select(to)
+    }
+    /// Whether `addr` reports `role:slave` (see [`Replicas::select_replica`]).
+    fn reports_replica(&self, _addr: &Addr) -> bool {
+        true
+    }
 }
 
 /// What the group observes at an instant.
@@ -869,21 +884,32 @@ impl Election {
         }
     }
 
-    fn choose(&self, o: &Observation<'_>, to: Option<&Addr>) -> Result<Addr, NoGoodReplica> {
+    fn choose(
+        &self,
+        o: &Observation<'_>,
+        to: Option<&Addr>,
+        kind: Kind,
+    ) -> Result<Addr, NoGoodReplica> {
+        let planned = kind == Kind::Switchover;
         // A replica a previous leader of this failover intended to promote
         // goes first, so that a leader that died half-way is not followed
         // by the promotion of a second replica.
         if to.is_none()
             && let Some(a) = self.intended(o.config_epoch)
             && o.replicas.eligible(a)
+            && (!planned || o.replicas.reports_replica(a))
         {
             return Ok(a.clone());
         }
-        o.replicas.select(to)
+        if planned {
+            o.replicas.select_replica(to)
+        } else {
+            o.replicas.select(to)
+        }
     }
 
     fn start(&mut self, o: &Observation<'_>, kind: Kind, to: Option<&Addr>) -> Vec<Action> {
-        match self.choose(o, to) {
+        match self.choose(o, to, kind) {
             Ok(candidate) => {
                 self.no_candidate_reported = false;
                 self.stage = Stage::Starting {
@@ -919,7 +945,7 @@ impl Election {
             match o
                 .replicas
                 .select(Some(&b.candidate))
-                .or_else(|_| self.choose(o, None))
+                .or_else(|_| self.choose(o, None, Kind::Unplanned))
             {
                 Ok(c) => c,
                 Err(_) => {

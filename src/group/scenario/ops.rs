@@ -587,6 +587,47 @@ mod tests {
         assert_eq!(sim.servers.get(&new).map(|s| &s.replid), Some(&n.replid));
     }
 
+    /// A switchover hands over to a replica only: a server that reports
+    /// `role:master` (a stray an unplanned failover left, a replica
+    /// promoted in place and not demoted yet) ranks first for an unplanned
+    /// failover, as the replica an earlier leader promoted, but `FAILOVER
+    /// TO` refuses it (the simulation with switchovers, seed 12157: the
+    /// switchover retried it until the old master looked down, then
+    /// promoted it).
+    #[tokio::test]
+    async fn a_switchover_hands_over_to_a_replica_not_to_a_stray_master() {
+        let mut sim = Sim::new(3, 2, 6);
+        sim.run_for(3_000).await;
+        let stray = addr(7002);
+        let ms = sim.ms;
+        sim.servers.get_mut(&stray).promote(ms);
+        sim.servers.get_mut(&stray).offset += 50;
+        // Read as a master by every daemon, and left one for
+        // PROMOTED_GRACE (promoted in place).
+        sim.run_for(300).await;
+        for d in &sim.daemons {
+            let role =
+                d.g.instances
+                    .get(&stray)
+                    .and_then(|i| i.info.as_ref())
+                    .map(|x| x.role);
+            assert_eq!(role, Some(crate::probe::Role::Master), "{}", d.ctx.id);
+        }
+        let _answer = ask_switchover(&mut sim, 0).await;
+        until_switchover_sent(&mut sim).await;
+        let sent: Vec<_> = sim
+            .trace
+            .iter()
+            .filter(|(_, _, w)| w.starts_with("switchover "))
+            .map(|(_, _, w)| w.clone())
+            .collect();
+        assert!(
+            sent.iter()
+                .all(|w| w.starts_with("switchover 127.0.0.1:7000 to 127.0.0.1:7001")),
+            "{sent:?}"
+        );
+    }
+
     /// A switchover's `FAILOVER`, retried by a leader that did not hear of
     /// the newer switchovers that handed its old master over and back, is
     /// not sent: the server is in another history than when the failover

@@ -364,6 +364,9 @@ mod tests {
             // over and back since (6131, known open in the thirteenth
             // session).
             (6131, Some(NetFaults::all()), true),
+            // A switchover chose a stray master, left by an unplanned
+            // failover, for its candidate (12157).
+            (12157, Some(NetFaults::all()), true),
             // The same loss with every fault (6876); a leader stalled
             // after its fence promoted on waking (4346).
             (6876, cuts, false),
