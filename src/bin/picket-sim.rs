@@ -78,6 +78,19 @@ struct Args {
     /// (invariant 7).
     #[arg(long, conflicts_with = "server_cuts")]
     switchovers: bool,
+    /// The servers are Dragonfly's: its INFO, replicas that retry a lost
+    /// master every 500 ms and copy a restarted one whatever CLIENT PAUSE
+    /// says, REPLICAOF NO ONE that answers when that retry's sleep ends,
+    /// no replica of a replica, REPLTAKEOVER (off by default, so that
+    /// seeds recorded without it replay).
+    #[arg(long)]
+    dragonfly: bool,
+    /// With --dragonfly: the replicas run with
+    /// --break_replication_on_master_restart=true (as deploy/kubernetes
+    /// runs them): one that finds its master in another history waits,
+    /// its data kept, for a REPLICAOF.
+    #[arg(long, requires = "dragonfly")]
+    break_replication: bool,
     /// Print the whole trace of a seed that broke an invariant.
     #[arg(long)]
     trace: bool,
@@ -158,6 +171,8 @@ fn main() -> anyhow::Result<()> {
             ops: args.ops,
             service: args.service,
             switchovers: args.switchovers,
+            dragonfly: args.dragonfly,
+            break_replication: args.break_replication,
         };
         let out = rt.block_on(run(&r));
         ran += 1;
@@ -209,6 +224,11 @@ fn main() -> anyhow::Result<()> {
             (args.ops, ", operations"),
             (args.service, ", a Service"),
             (args.switchovers, ", switchovers and no server fault"),
+            (args.dragonfly, ", Dragonfly servers"),
+            (
+                args.break_replication,
+                " breaking replication on a master's restart"
+            ),
         ]
         .iter()
         .filter(|(on, _)| *on)

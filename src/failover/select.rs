@@ -73,6 +73,9 @@ pub enum Exclusion {
     CopiedRestartedMaster,
     /// Reports `role:master`: a switchover hands over to a replica only.
     NotAReplica,
+    /// Reports another master than the group's: a switchover hands over
+    /// only to a replica of the master.
+    FollowsAnotherMaster,
 }
 
 /// Limits used by the exclusions.

@@ -33,12 +33,16 @@ pub(super) struct ReplicaSet<'a> {
     /// restarted with less than its replicas: a replica in that history
     /// took a copy of it.
     restarted_history: Option<&'a String>,
+    /// The replicas whose INFO names another master than the group's:
+    /// none of them is a switchover's candidate.
+    elsewhere: std::collections::BTreeSet<Addr>,
 }
 
 impl<'a> ReplicaSet<'a> {
     pub(super) fn new(
         instances: &'a std::collections::BTreeMap<Addr, Box<Instance>>,
         master: &'a Addr,
+        elsewhere: std::collections::BTreeSet<Addr>,
         cfg: &crate::config::GroupConfig,
         now: Instant,
     ) -> ReplicaSet<'a> {
@@ -66,6 +70,7 @@ impl<'a> ReplicaSet<'a> {
             limits: SelectionLimits::new(cfg.ping_period(), cfg.down_after, master_down_for),
             now,
             restarted_history,
+            elsewhere,
         }
     }
 
@@ -102,7 +107,12 @@ impl<'a> ReplicaSet<'a> {
 
 impl ReplicaSet<'_> {
     /// The best candidate (only `to` when given), among the servers that
-    /// report `role:slave` only when `replicas_only`.
+    /// report `role:slave` of the group's master only when
+    /// `replicas_only` (a switchover: `FAILOVER TO` and `REPLTAKEOVER`
+    /// hand over to nothing else; a replica of another master, chosen and
+    /// retried until the command's timeout, was left following that
+    /// master meanwhile, which restarted empty and was copied: the
+    /// simulation with every fault, seed 20198).
     fn select_among(&self, to: Option<&Addr>, replicas_only: bool) -> Result<Addr, NoGoodReplica> {
         let cands: Vec<Candidate> = self
             .instances
@@ -119,17 +129,21 @@ impl ReplicaSet<'_> {
         {
             return Err(NoGoodReplica::Unknown(t.clone()));
         }
-        let (cands, masters): (Vec<Candidate>, Vec<Candidate>) = cands
-            .into_iter()
-            .partition(|c| !replicas_only || c.role != crate::probe::Role::Master);
+        let (cands, others): (Vec<Candidate>, Vec<Candidate>) = cands.into_iter().partition(|c| {
+            !replicas_only
+                || (c.role != crate::probe::Role::Master && !self.elsewhere.contains(&c.addr))
+        });
         let sel = select::select(&cands, &self.limits);
         sel.chosen.ok_or_else(|| {
             let mut excluded = sel.excluded;
-            excluded.extend(
-                masters
-                    .into_iter()
-                    .map(|c| (c.addr, select::Exclusion::NotAReplica)),
-            );
+            excluded.extend(others.into_iter().map(|c| {
+                let why = if c.role == crate::probe::Role::Master {
+                    select::Exclusion::NotAReplica
+                } else {
+                    select::Exclusion::FollowsAnotherMaster
+                };
+                (c.addr, why)
+            }));
             NoGoodReplica::NoneSuitable(excluded)
         })
     }
@@ -161,6 +175,22 @@ impl Replicas for ReplicaSet<'_> {
 }
 
 impl Group {
+    /// The replicas whose last INFO names another master than the
+    /// group's.
+    pub(super) fn following_elsewhere(&self) -> std::collections::BTreeSet<Addr> {
+        let ip = self.ip_of(&self.master);
+        self.instances
+            .values()
+            .filter(|i| {
+                i.info.as_ref().is_some_and(|x| {
+                    x.role == crate::probe::Role::Replica
+                        && !super::observe::names_master(x, &self.master, ip, self.cfg.admin_port)
+                })
+            })
+            .map(|i| i.addr.clone())
+            .collect()
+    }
+
     /// Feed the election machine with what the group observes now, then
     /// carry out its actions.
     pub(super) fn step_election(
@@ -184,7 +214,13 @@ impl Group {
         f: impl FnOnce(&mut Election, &Observation<'_>) -> Vec<Action>,
     ) -> (Vec<Action>, bool) {
         let tilt = self.ctx.tilt.active(now);
-        let replicas = ReplicaSet::new(&self.instances, &self.master, &self.cfg, now);
+        let replicas = ReplicaSet::new(
+            &self.instances,
+            &self.master,
+            self.following_elsewhere(),
+            &self.cfg,
+            now,
+        );
         let o = Observation {
             now,
             master_sdown: self.master_sdown(),

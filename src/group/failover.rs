@@ -372,7 +372,7 @@ impl Group {
             .is_some_and(|i| {
                 i.role == Role::Replica
                     && i.master_link_up
-                    && target.is_reported_as(target_ip, i.master_host.as_deref(), i.master_port)
+                    && super::observe::names_master(i, &target, target_ip, self.cfg.admin_port)
             });
         if synced {
             self.machine_input(self.now, Input::ReplicaSynced(addr.clone()));

@@ -200,6 +200,7 @@ impl Group {
         let master = &self.master;
         let listed = super::observe::master_list(&self.instances, master);
         let master_ip = self.ip_of(master);
+        let admin_port = self.cfg.admin_port;
         self.instances
             .values()
             .filter(|i| i.addr != *master)
@@ -210,11 +211,7 @@ impl Group {
                         && i.info.as_ref().is_some_and(|x| {
                             x.role == Role::Replica
                                 && x.master_link_up
-                                && master.is_reported_as(
-                                    master_ip,
-                                    x.master_host.as_deref(),
-                                    x.master_port,
-                                )
+                                && super::observe::names_master(x, master, master_ip, admin_port)
                         })
                 }
             })

@@ -561,13 +561,20 @@ impl Group {
         }
     }
 
-    /// Persist the master's process when it changed (at most once a
-    /// second, from the tick): a daemon restarted later compares the
-    /// master's first INFO with it.
-    fn persist_master_identity(&mut self) {
+    /// Persist the master's process when it changed (at its INFO, and
+    /// from the tick): a daemon restarted later compares the master's
+    /// first INFO with it. Not a new process still to be judged
+    /// or judged back with less: a daemon restarted before the failover
+    /// must find the process from before the restart on record and judge
+    /// the new one again (with the new one on record, two daemons that
+    /// had judged the master and restarted after their votes never saw it
+    /// restart, let their pauses lapse, and a replica copied it while the
+    /// leader was cut off: the simulation with every fault, seed 21783).
+    pub(super) fn persist_master_identity(&mut self) {
         let Some(info) = self
             .instances
             .get(&self.master)
+            .filter(|i| !i.reboot_unjudged && !i.sdown.rebooted())
             .and_then(|i| i.info.as_deref())
             .filter(|i| i.role == crate::probe::Role::Master)
         else {

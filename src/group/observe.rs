@@ -126,6 +126,24 @@ pub(super) struct KillAttempt {
     pub(super) outcome: Option<Result<ScriptKill, ()>>,
 }
 
+/// Whether a replica whose INFO is `info` names `target` (reached at
+/// `ip`) as its master: as a data server names it, or on Dragonfly by the
+/// group's `admin_port`, over which picket makes replicas replicate
+/// (`InstanceOps::repoint`), so that their INFO gives that port.
+pub(super) fn names_master(
+    info: &InfoSnapshot,
+    target: &Addr,
+    ip: Option<IpAddr>,
+    admin_port: Option<u16>,
+) -> bool {
+    let host = info.master_host.as_deref();
+    target.is_reported_as(ip, host, info.master_port)
+        || (info.flavour == crate::probe::Flavour::Dragonfly
+            && admin_port.is_some_and(|p| {
+                info.master_port == Some(p) && target.is_reported_as(ip, host, Some(target.port))
+            }))
+}
+
 /// The replicas `master`'s fresh INFO lists, if it is a master that shows
 /// its whole list (Dragonfly's `--managed_service_info` hides it).
 pub(super) fn master_list<'a>(
@@ -737,6 +755,13 @@ impl Group {
         if let Some(p) = self.unjudged_promotion() {
             self.judge_reboot(&p, self.now);
         }
+        // A new master's process on record at its first read, not at the
+        // next second's tick: restarted empty within that second, and this
+        // daemon restarted too, nothing on record told the new process
+        // from the old (the simulation with every fault, seed 21783).
+        if addr == master {
+            self.persist_master_identity();
+        }
         self.review_sync_hold(&addr, self.now);
         if kill {
             self.kill_script(&addr);
@@ -1255,6 +1280,42 @@ impl RunClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Dragonfly replica made to replicate over the admin port reports
+    /// that port as its master's: it follows the master all the same (it
+    /// was taken for a replica of another master, and re-pointed again
+    /// and again; and a switchover found no candidate). On Redis, or
+    /// without an admin port, another port is another master.
+    #[test]
+    fn a_replica_over_the_admin_port_names_its_master() {
+        let replica = |port: u16, flavour: &str| {
+            crate::probe::info::parse_info(&format!(
+                "# Server\r\nredis_version:7.4.0\r\n{flavour}\r\n# Replication\r\n\
+                 role:slave\r\nmaster_host:10.0.0.1\r\nmaster_port:{port}\r\n\
+                 master_link_status:up\r\n"
+            ))
+        };
+        let master = Addr::new("10.0.0.1".to_string(), 6379);
+        let df = "dragonfly_version:df-v1.40.1";
+        let redis = "run_id:0123456789012345678901234567890123456789";
+        assert!(names_master(&replica(6379, df), &master, None, Some(9999)));
+        assert!(names_master(&replica(9999, df), &master, None, Some(9999)));
+        assert!(!names_master(&replica(9999, df), &master, None, None));
+        assert!(!names_master(
+            &replica(9999, redis),
+            &master,
+            None,
+            Some(9999)
+        ));
+        assert!(!names_master(&replica(7000, df), &master, None, Some(9999)));
+        let elsewhere = Addr::new("10.0.0.2".to_string(), 6379);
+        assert!(!names_master(
+            &replica(9999, df),
+            &elsewhere,
+            None,
+            Some(9999)
+        ));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_stall_is_noticed_once_by_whatever_runs_first() {

@@ -259,6 +259,7 @@ impl Group {
         let mut awaiting_hellos: Option<Instant> = None;
         let mut demote = Vec::new();
         let mut repoint = Vec::new();
+        let admin_port = self.cfg.admin_port;
         for inst in self.instances.values_mut() {
             if inst.addr == master || Some(&inst.addr) == intended.as_ref() {
                 inst.wrong_master_since = None;
@@ -321,7 +322,7 @@ impl Group {
                 }
                 Role::Replica if master_up => {
                     let points_at = |(a, ip): &(Addr, Option<IpAddr>)| {
-                        a.is_reported_as(*ip, info.master_host.as_deref(), info.master_port)
+                        super::observe::names_master(info, a, *ip, admin_port)
                     };
                     // Following the replica a leader is promoting in a newer
                     // epoch is right too: its config is on the way.

@@ -50,6 +50,7 @@ use crate::resp::RespError;
 use crate::tilt::Tilt;
 
 mod clients;
+mod dragonfly;
 mod net;
 mod ops;
 pub(crate) mod run;
@@ -105,6 +106,25 @@ struct Server {
     /// Whose writes it holds, up to `offset` (`clients.rs`): the
     /// simulated clients' acknowledged writes are checked against it.
     lineage: usize,
+    /// A Dragonfly server (`dragonfly.rs`), not a Redis one: its INFO,
+    /// its replicas' retries, `REPLICAOF NO ONE`, `REPLTAKEOVER`.
+    dragonfly: bool,
+    /// When its process started (virtual ms): Dragonfly's
+    /// `uptime_in_seconds`, which shows a restart there.
+    started_ms: u64,
+    /// Dragonfly: a replica not connected to its master tries it then
+    /// (and every 500 ms after while that fails); `None`: connected.
+    sync_due: Option<u64>,
+    /// Dragonfly: `REPLICAOF NO ONE` reached it while its replication
+    /// retried a lost master; it becomes a master, and answers, when that
+    /// retry's sleep ends.
+    stopping_at: Option<u64>,
+    /// Dragonfly's `--break_replication_on_master_restart=true`: a
+    /// replica that finds its master in another history stops there, its
+    /// data kept, unless a `REPLICAOF` asked for that master.
+    break_replication: bool,
+    /// Dragonfly: the connection under way was asked for by `REPLICAOF`.
+    asked: bool,
 }
 
 impl Server {
@@ -131,6 +151,7 @@ impl Server {
         self.offset = 0;
         self.run_id = format!("{ms:040}");
         self.replid2 = None;
+        self.dragonfly_started(ms);
         std::mem::replace(&mut self.replid, format!("{:040}", ms + 1))
     }
 
@@ -167,14 +188,18 @@ impl Servers {
     /// its history (a replica reconnecting to a master of another history
     /// shows its link down until the copy, which is instantaneous here).
     fn linked(&self, s: &Server) -> bool {
-        s.master
-            .as_ref()
-            .and_then(|m| self.get(m))
-            .is_some_and(|m| m.alive && m.master.is_none() && m.continues(&s.replid, s.offset))
+        s.sync_due.is_none()
+            && s.master
+                .as_ref()
+                .and_then(|m| self.get(m))
+                .is_some_and(|m| m.alive && m.master.is_none() && m.continues(&s.replid, s.offset))
     }
 
-    /// What `INFO` answers on `addr`.
-    fn info(&self, s: &Server) -> String {
+    /// What `INFO` answers on `s` at `ms`.
+    fn info(&self, s: &Server, ms: u64) -> String {
+        if s.dragonfly {
+            return self.dragonfly_info(s, ms);
+        }
         let mut out = format!(
             "# Server\r\nredis_version:7.0.15\r\nrun_id:{}\r\n# Replication\r\n",
             s.run_id
@@ -220,7 +245,7 @@ impl Servers {
     /// Writes reach the masters; linked replicas of the same history
     /// follow their master, others take a full copy at their next
     /// replication cron unless the master is paused then. Returns the
-    /// replicas that lost data to the copy (`(replica, from, had, got)`).
+    /// full copies taken (`(replica, from, had, got)`).
     fn replicate(&mut self, ms: u64) -> Vec<(Addr, Addr, u64, u64)> {
         for s in self
             .0
@@ -241,6 +266,11 @@ impl Servers {
                 s.full_sync_at = None;
                 continue;
             };
+            if s.dragonfly && (s.sync_due.is_some() || !m.continues(&s.replid, s.offset)) {
+                // Reconnections and copies are `dragonfly_links`'s.
+                s.sync_due.get_or_insert(ms);
+                continue;
+            }
             let (from, offset, replid, paused_until, lineage) =
                 (&m.addr, &m.offset, &m.replid, &m.paused_until, &m.lineage);
             if m.continues(&s.replid, s.offset) {
@@ -257,9 +287,7 @@ impl Servers {
             }
             let due = *s.full_sync_at.get_or_insert(ms + 1000);
             if ms >= due && ms >= *paused_until {
-                if s.offset > *offset {
-                    lost.push((s.addr.clone(), from.clone(), s.offset, *offset));
-                }
+                lost.push((s.addr.clone(), from.clone(), s.offset, *offset));
                 s.offset = *offset;
                 s.lineage = *lineage;
                 s.replid.clone_from(replid);
@@ -365,6 +393,8 @@ struct Sim {
     planned: bool,
     /// Clients writing to the routed master (`clients.rs`).
     clients: clients::Clients,
+    /// Dragonfly's answers that come later (`dragonfly.rs`).
+    dragonfly_pending: Vec<dragonfly::Pending>,
 }
 
 impl Sim {
@@ -392,6 +422,12 @@ impl Sim {
             script_wrote: false,
             loading_until: 0,
             lineage: 0,
+            dragonfly: false,
+            started_ms: 0,
+            sync_due: None,
+            stopping_at: None,
+            break_replication: false,
+            asked: false,
         };
         let mut sim = Sim {
             daemons: Vec::new(),
@@ -429,6 +465,7 @@ impl Sim {
             ops_rng: StdRng::seed_from_u64(seed ^ 0x6f70_735f_7267),
             planned: false,
             clients: clients::Clients::new(addr(7000)),
+            dragonfly_pending: Vec::new(),
         };
         for i in 0..n {
             let dir = tempfile::tempdir().expect("a temporary directory");
@@ -697,6 +734,9 @@ impl Sim {
             } => {
                 self.note(i, format!("promote {candidate} at {epoch}"));
                 self.check_promotion(i, epoch, &candidate);
+                if self.dragonfly(&candidate) {
+                    return self.df_promote(i, epoch, &candidate, flush);
+                }
                 let reached = self.reaches(i, &candidate);
                 let restarted = run_id
                     .is_some_and(|r| self.servers.get(&candidate).is_some_and(|s| s.run_id != r));
@@ -741,11 +781,14 @@ impl Sim {
                 );
                 let _ = state.switchover_sent("g", epoch, ends_by_unix).await;
                 self.check_promotion(i, epoch, &candidate);
+                if self.dragonfly(&candidate) {
+                    return self.repl_takeover(i, epoch, candidate, timeout);
+                }
                 if let Some(h) = history
                     && self.reaches(i, &old_master)
                     && let Some(o) = self.servers.get(&old_master)
                 {
-                    let info = crate::probe::info::parse_info(&self.servers.info(o));
+                    let info = crate::probe::info::parse_info(&self.servers.info(o, self.ms));
                     if let Err(e) =
                         crate::failover::ops::check_switchover_source(&old_master, &info, &h)
                     {
@@ -794,10 +837,15 @@ impl Sim {
                 epoch,
                 replica,
                 master,
+                retry_for,
                 ..
             } => {
                 self.note(i, format!("repoint {replica} to {master}"));
                 self.check_routed_kept(i, &replica, "re-pointed");
+                if self.dragonfly(&replica) {
+                    let retry_for = retry_for.as_millis() as u64;
+                    return self.df_repoint(i, epoch, replica, master, retry_for);
+                }
                 let r = if self.reaches(i, &replica) && self.failing_over(&replica) {
                     Err(crate::failover::CommandFailed(format!(
                         "{replica}: {REPLICAOF_REFUSED}"
@@ -817,6 +865,9 @@ impl Sim {
             } => {
                 self.note(i, format!("demote {a} to {master}"));
                 self.check_routed_kept(i, &a, "demoted");
+                if self.dragonfly(&a) {
+                    return self.df_demote(i, a, master);
+                }
                 let r = if self.reaches(i, &a) && self.failing_over(&a) {
                     Err(RespError::Server(crate::resp::classify_error(
                         REPLICAOF_REFUSED,
@@ -860,6 +911,11 @@ impl Sim {
                 None
             }
         }
+    }
+
+    /// Whether server `a` is a Dragonfly (`dragonfly.rs`).
+    fn dragonfly(&self, a: &Addr) -> bool {
+        self.servers.get(a).is_some_and(|s| s.dragonfly)
     }
 
     /// `a` runs a `FAILOVER` (`ops.rs`): Redis refuses `REPLICAOF`, `NO
@@ -1074,8 +1130,13 @@ impl Sim {
         if g.election.intended(g.config_epoch) == Some(candidate) {
             return;
         }
-        let eligible =
-            super::election::ReplicaSet::new(&g.instances, &g.master, &g.cfg, self.now());
+        let eligible = super::election::ReplicaSet::new(
+            &g.instances,
+            &g.master,
+            g.following_elsewhere(),
+            &g.cfg,
+            self.now(),
+        );
         let ahead: Vec<String> = self
             .servers
             .0
@@ -1166,19 +1227,12 @@ impl Sim {
                     self.clients
                         .after_writes(&self.servers, target.as_ref(), self.ms);
                 }
-                for (r, from, had, got) in lost {
-                    let Some((emptied, alive)) = self.emptied_ms.get(&from) else {
-                        continue;
-                    };
-                    let decided = self.published_ms.get(&from).is_some_and(|t| t > emptied);
-                    if !decided && alive.contains(&r) {
-                        self.violations.push(format!(
-                            "{} ms: invariant 19: {r} took a full copy of {got} from {from}, \
-                             which came back with less and was not published since, losing {had}",
-                            self.ms
-                        ));
-                    }
-                }
+                self.check_copies(lost);
+            }
+            if self.servers.0.iter().any(|s| s.dragonfly) {
+                self.step_dragonfly().await;
+                let lost = self.servers.dragonfly_links(self.ms);
+                self.check_copies(lost);
             }
             for i in 0..self.daemons.len() {
                 if !self.daemons[i].up {
@@ -1219,11 +1273,13 @@ impl Sim {
                             }),
                             busy,
                         })
-                    } else if self.ms.is_multiple_of(100) {
+                    } else if self.ms.is_multiple_of(100) && s.stopping_at.is_none() {
+                        // A Dragonfly replica whose `REPLICAOF NO ONE`
+                        // waits answers no INFO meanwhile (the same lock).
                         Some(ProbeEvent::Info {
                             addr: a.clone(),
                             at,
-                            info: Box::new(parse_info(&self.servers.info(s))),
+                            info: Box::new(parse_info(&self.servers.info(s, self.ms))),
                             ip: None,
                         })
                     } else {
@@ -1250,6 +1306,27 @@ impl Sim {
             }
             if self.ms.is_multiple_of(200) {
                 self.hellos().await;
+            }
+        }
+    }
+
+    /// Invariant 19 over the full copies just taken (`(replica, from,
+    /// had, got)`). A server that came back with less and has taken a
+    /// copy since holds its master's data, not less: copying it is
+    /// replication's own lag, as from any promoted replica.
+    fn check_copies(&mut self, copies: Vec<(Addr, Addr, u64, u64)>) {
+        for (r, from, had, got) in copies {
+            self.emptied_ms.remove(&r);
+            let Some((emptied, alive)) = self.emptied_ms.get(&from) else {
+                continue;
+            };
+            let decided = self.published_ms.get(&from).is_some_and(|t| t > emptied);
+            if had > got && !decided && alive.contains(&r) {
+                self.violations.push(format!(
+                    "{} ms: invariant 19: {r} took a full copy of {got} from {from}, \
+                     which came back with less and was not published since, losing {had}",
+                    self.ms
+                ));
             }
         }
     }
@@ -1444,6 +1521,7 @@ impl Sim {
                         let before = if empty {
                             s.restart_empty(self.ms)
                         } else {
+                            s.back_with_data(self.ms);
                             s.replid.clone()
                         };
                         let a = s.addr.clone();
@@ -1497,7 +1575,7 @@ impl Sim {
             }
         }
         for s in self.servers.0.iter_mut().filter(|s| !s.alive) {
-            s.alive = true;
+            s.back_with_data(self.ms);
         }
         self.net.calm();
         if let Some(svc) = &mut self.service {
@@ -2277,6 +2355,53 @@ async fn a_daemon_restarted_while_its_master_restarted_empty_still_judges_it() {
     assert_eq!(sim.daemons[0].g.master, addr(7001), "{:#?}", sim.trace);
     assert!(sim.at("pause 127.0.0.1:7000") < sim.at("promote"));
     sim.assert_followed(7001, &[7002]);
+    sim.assert_no_violation();
+}
+
+/// A daemon that judged its master back with less and restarted before
+/// the failover judges it again: the process from before the restart
+/// stays on record while the new one is judged behind (with the new one
+/// written at the next tick, the restarted daemon never saw the master
+/// restart, let its pause lapse, and a replica copied the empty server:
+/// the simulation with every fault, seed 21783). Quorum 2 with one of
+/// the other two daemons down: nothing but the pause holds the replicas
+/// until the restarted daemon can vote again.
+#[tokio::test]
+async fn a_daemon_restarted_after_judging_its_master_judges_it_again() {
+    let mut sim = Sim::new(3, 3, 2);
+    sim.run_for(2_000).await;
+    sim.crash(2);
+    let m = addr(7000);
+    let before = {
+        let ms = sim.ms;
+        let s = sim.servers.get_mut(&m);
+        s.offset = 0;
+        s.run_id = "f".repeat(40);
+        s.started_ms = ms;
+        std::mem::replace(&mut s.replid, "b".repeat(40))
+    };
+    sim.mark_emptied(&m, &before);
+    sim.run_for(1_500).await;
+    let judged = sim.at("pause 127.0.0.1:7000");
+    assert_eq!(sim.trace[judged].1, 0, "{:#?}", sim.trace);
+    let persisted = sim.daemons[0].ctx.state.group("g").master_identity;
+    assert_eq!(
+        persisted.and_then(|id| id.run_id),
+        Some("7000".repeat(10)),
+        "the process from before the restart stays on record"
+    );
+    sim.crash(0);
+    sim.restart(0);
+    let back = sim.trace.len();
+    sim.run_for(1_000).await;
+    assert!(
+        sim.trace[back..]
+            .iter()
+            .any(|(_, i, w)| *i == 0 && w == "pause 127.0.0.1:7000"),
+        "judged again after its restart: {:#?}",
+        &sim.trace[back..]
+    );
+    sim.run_for(6_000).await;
     sim.assert_no_violation();
 }
 

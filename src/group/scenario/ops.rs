@@ -35,6 +35,9 @@ pub(super) struct Switching {
     /// The command's own timeout (virtual ms).
     deadline: u64,
     handed_over: bool,
+    /// Dragonfly's `REPLTAKEOVER`: the old master exits once it handed
+    /// over, and the command fails at its own timeout.
+    takeover: bool,
 }
 
 impl Sim {
@@ -79,6 +82,22 @@ impl Sim {
         if c.replid != o.replid || !c.serving(self.ms) {
             return refused("ERR FAILOVER target replica is not online".into());
         }
+        let deadline = self.ms + timeout.as_millis().max(100) as u64;
+        self.start_switching(i, epoch, old, candidate, deadline, false);
+        None
+    }
+
+    /// `old` hands over to `candidate` once it has caught up, or serves
+    /// again at `deadline`; daemon `i` learns which in `epoch`.
+    fn start_switching(
+        &mut self,
+        i: usize,
+        epoch: u64,
+        old: Addr,
+        candidate: Addr,
+        deadline: u64,
+        takeover: bool,
+    ) {
         self.servers.get_mut(&old).failing_over_to = Some(candidate.clone());
         self.switching.push(Switching {
             daemon: i,
@@ -86,9 +105,53 @@ impl Sim {
             epoch,
             old,
             candidate,
-            deadline: self.ms + timeout.as_millis().max(100) as u64,
+            deadline,
             handed_over: false,
+            takeover,
         });
+    }
+
+    /// Daemon `i`'s `REPLTAKEOVER secs` on Dragonfly replica `candidate`
+    /// in `epoch`: at once when it is a master already (the command is
+    /// idempotent) or refused as Dragonfly refuses it; otherwise its
+    /// master locks down and the result comes from
+    /// [`Sim::step_switchovers`].
+    pub(super) fn repl_takeover(
+        &mut self,
+        i: usize,
+        epoch: u64,
+        candidate: Addr,
+        timeout: Duration,
+    ) -> Option<Internal> {
+        let failed = |m: String| {
+            Some(Internal::SwitchedOver(
+                epoch,
+                Err(PromoteError::SwitchoverTimedOut(format!(
+                    "REPLTAKEOVER on {candidate}: Couldn't execute takeover: {m}"
+                ))),
+            ))
+        };
+        if !self.reaches(i, &candidate) {
+            return Some(Internal::SwitchedOver(
+                epoch,
+                Err(PromoteError::Promotion(format!("{candidate}: unreachable"))),
+            ));
+        }
+        let Some(c) = self.servers.get(&candidate) else {
+            return failed("unknown".into());
+        };
+        let Some(old) = c.master.clone() else {
+            self.promoted.insert((i, epoch));
+            return Some(Internal::SwitchedOver(epoch, Ok(())));
+        };
+        if !self.servers.linked(c) || c.stopping_at.is_some() {
+            return failed("the replica is not in stable sync".into());
+        }
+        if self.failing_over(&old) {
+            return failed("a takeover is under way".into());
+        }
+        let deadline = self.ms + timeout.as_secs().max(1) * 1000;
+        self.start_switching(i, epoch, old, candidate, deadline, true);
         None
     }
 
@@ -113,6 +176,7 @@ impl Sim {
                     && o.failing_over_to.as_ref() == Some(&sw.candidate)
                     && self.servers.get(&sw.candidate).is_some_and(|c| {
                         c.serving(ms)
+                            && c.sync_due.is_none()
                             && c.master.as_ref() == Some(&sw.old)
                             && c.replid == o.replid
                             && c.offset >= o.offset
@@ -121,7 +185,12 @@ impl Sim {
             if !sw.handed_over && ready {
                 self.servers.get_mut(&sw.candidate).promote(ms);
                 let o = self.servers.get_mut(&sw.old);
-                o.master = Some(sw.candidate.clone());
+                if sw.takeover {
+                    // "Takeover accepted, shutting down."
+                    o.alive = false;
+                } else {
+                    o.master = Some(sw.candidate.clone());
+                }
                 o.failing_over_to = None;
                 sw.handed_over = true;
             } else if !sw.handed_over && ms >= sw.deadline {
@@ -137,7 +206,7 @@ impl Sim {
                     .is_some_and(|c| c.serving(ms) && c.master.is_none());
             if sw.handed_over && reads_master {
                 done.push((k, Ok(())));
-            } else if ms >= sw.deadline + 1_000 {
+            } else if ms >= sw.deadline + if sw.takeover { 0 } else { 1_000 } {
                 done.push((
                     k,
                     Err(PromoteError::SwitchoverTimedOut(format!(
@@ -221,7 +290,7 @@ impl Sim {
     fn restart_loading(&mut self, a: &Addr, loading: u64) {
         let ms = self.ms;
         let s = self.servers.get_mut(a);
-        s.alive = true;
+        s.back_with_data(ms);
         s.run_id = format!("{ms:040}");
         s.loading_until = ms + loading;
     }
@@ -373,6 +442,37 @@ mod tests {
         );
         assert!(old <= now, "{old:?} <= {now:?}");
         assert_eq!(sim.routing, (1, Some(new)));
+        sim.assert_no_violation();
+    }
+
+    /// A switchover hands over only to a replica of the master: the
+    /// replica with the best priority follows another server (a master
+    /// gone since), so `FAILOVER TO` it could only be refused until its
+    /// timeout, and meanwhile nothing would re-point it (the simulation
+    /// with every fault, seed 20198: the server it followed came back
+    /// empty and it copied it).
+    #[tokio::test]
+    async fn a_switchover_hands_over_only_to_a_replica_of_the_master() {
+        let mut sim = Sim::new(3, 2, 5);
+        sim.run_for(3_000).await;
+        // Read so by every daemon, and asked before a daemon re-points it
+        // (500 ms after it first looked wrong).
+        sim.servers.get_mut(&addr(7001)).master = Some(addr(7009));
+        sim.run_for(200).await;
+        let mut answer = ask_switchover(&mut sim, 0).await;
+        sim.run_for(3_000).await;
+        assert!(matches!(answer.try_recv(), Ok(Ok(()))), "{:#?}", sim.trace);
+        sim.at("switchover 127.0.0.1:7000 to 127.0.0.1:7002");
+        assert!(
+            !sim.trace
+                .iter()
+                .any(|(_, _, w)| w.contains("to 127.0.0.1:7001")),
+            "{:#?}",
+            sim.trace
+        );
+        for d in &sim.daemons {
+            assert_eq!(d.g.master, addr(7002), "{}: {:#?}", d.ctx.id, sim.trace);
+        }
         sim.assert_no_violation();
     }
 

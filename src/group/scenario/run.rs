@@ -32,6 +32,12 @@ pub struct Run {
     /// network's server cuts: a server whose replies are lost is down for
     /// the daemons that hear nothing, and its failover may lose writes.
     pub switchovers: bool,
+    /// The servers are Dragonfly's, not Redis' (`dragonfly.rs`; off:
+    /// recorded seeds replay).
+    pub dragonfly: bool,
+    /// With `dragonfly`: the replicas run with
+    /// `--break_replication_on_master_restart=true`.
+    pub break_replication: bool,
 }
 
 /// What a schedule gave.
@@ -126,6 +132,12 @@ impl Run {
         if self.switchovers {
             cmd += " --switchovers";
         }
+        if self.dragonfly {
+            cmd += " --dragonfly";
+        }
+        if self.break_replication {
+            cmd += " --break-replication";
+        }
         cmd
     }
 }
@@ -136,6 +148,12 @@ impl Run {
 pub async fn run(r: &Run) -> Outcome {
     let mut sim = Sim::new(r.daemons, r.daemons / 2 + 1, r.seed);
     sim.net = Net::new(r.net, r.seed);
+    if r.dragonfly {
+        for s in &mut sim.servers.0 {
+            s.dragonfly = true;
+            s.break_replication = r.break_replication;
+        }
+    }
     sim.ops = r.ops;
     sim.planned = r.switchovers;
     sim.clients.checked = r.switchovers && !r.net.is_some_and(|n| n.server_cuts);
@@ -168,6 +186,8 @@ mod tests {
             ops: false,
             service: false,
             switchovers: false,
+            dragonfly: false,
+            break_replication: false,
         };
         let mut kinds = std::collections::BTreeSet::new();
         for seed in [1, 2] {
@@ -318,6 +338,8 @@ mod tests {
                 ops,
                 service,
                 switchovers: false,
+                dragonfly: false,
+                break_replication: false,
             })
             .await;
         }
@@ -385,6 +407,11 @@ mod tests {
             // only once a replica still loading was read (11764).
             (11353, cuts, false),
             (11764, cuts, false),
+            // A switchover's candidate that followed another master
+            // (20198); a daemon restarted after judging its master back
+            // empty, which found the new process on record (21783).
+            (20198, cuts, false),
+            (21783, cuts, false),
         ] {
             replays_clean(Run {
                 seed,
@@ -394,6 +421,8 @@ mod tests {
                 ops: !switchovers,
                 service: true,
                 switchovers,
+                dragonfly: false,
+                break_replication: false,
             })
             .await;
         }
@@ -412,11 +441,13 @@ mod tests {
             ops: true,
             service: true,
             switchovers: true,
+            dragonfly: true,
+            break_replication: true,
         };
         assert_eq!(
             r.replay_command(),
             "picket-sim --seed 7 --daemons 5 --faults 48 --net --delay-ms 40 --duplicate 0.02 \
-             --no-stalls --ops --service --switchovers"
+             --no-stalls --ops --service --switchovers --dragonfly --break-replication"
         );
         assert_eq!(Run::faults_for_virtual_secs(60), 48);
     }
