@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::effects::Work;
+use super::observe::INFO_FAST;
 use super::view::{FailoverOutcome, LastFailover};
 use super::{Group, members};
 use crate::addr::Addr;
@@ -111,27 +112,145 @@ impl Group {
 
     /// Persist the adopted config, then publish `topology` to every
     /// backend. `machine`: the failover machine waits for the result.
+    ///
+    /// The leader writes first, at once, from what it knows as it
+    /// promotes. A daemon that learnt the outcome from a peer persists it
+    /// at once but publishes only when its turn comes, after a pause per
+    /// rank ([`Group::publish_adopted_when_due`]), and then normally finds
+    /// the objects already showing the epoch and writes nothing (three
+    /// daemons writing one outcome at once fought with 409 Conflicts).
     pub(super) fn persist_and_publish(&mut self, topology: Topology, machine: bool) {
         let deadline = self.cfg.failover_timeout;
         self.config_persisting = true;
         self.epoch_publication = Some((topology.reporter, topology.old_master.clone()));
-        self.published_replicas = self.linked_replicas().cloned().collect();
-        // The leader writes first; a daemon that learnt the outcome from a
-        // peer publishes after a pause per rank, and then normally finds
-        // the objects already showing the epoch and writes nothing (three
-        // daemons writing one outcome at once fought with 409 Conflicts).
-        let wait = match topology.reporter {
-            Reporter::Leader => Duration::ZERO,
-            Reporter::Observer => members::RANK_STEP * (1 + self.rank() as u32),
-        };
         self.persisted_known = self.known_servers();
+        self.publication_read_asked = None;
+        if topology.reporter == Reporter::Observer && !machine {
+            // Not `topology`'s replicas: taken as the config is adopted,
+            // they are those of the moment of the promotion (none follows
+            // the new master yet), and written seconds later they took the
+            // replica label off the pods the leader had labelled at this
+            // epoch meanwhile (issue 27, a real API server: both replicas
+            // lost it for 1.3 s after every failover).
+            self.adopted_publication = Some(AdoptedPublication {
+                epoch: topology.epoch,
+                due: self.now + members::RANK_STEP * (1 + self.rank() as u32),
+            });
+            self.effects.run(Work::PersistConfig {
+                epoch: topology.epoch,
+                master: topology.master,
+                known: self.persisted_known.clone(),
+            });
+            return;
+        }
+        self.adopted_publication = None;
+        self.published_replicas = self.linked_replicas().cloned().collect();
         self.effects.run(Work::PersistAndPublish {
             topology,
             known: self.persisted_known.clone(),
-            wait,
             deadline,
             machine,
         });
+    }
+
+    /// Publish the config adopted from a peer once this daemon's turn
+    /// comes, with the replicas linked to the master as read then
+    /// ([`Group::read_for_publication`]), not as they were when the config
+    /// came: every daemon publishes each epoch, and a later publication
+    /// from an older view undoes what an earlier one wrote from a newer
+    /// view at the same epoch (the backends' epoch check lets an equal
+    /// epoch through).
+    pub(super) fn publish_adopted_when_due(&mut self) {
+        let Some(p) = &self.adopted_publication else {
+            return;
+        };
+        if p.epoch != self.config_epoch || self.failover.is_some() {
+            // A newer config came meanwhile, with its own publication; or
+            // this daemon fails over in a newer epoch, whose fence the
+            // backends hold, and whose outcome it publishes (the
+            // simulation, seed 6876 with operations: the adopted epoch went
+            // out after the newer one).
+            self.adopted_publication = None;
+            return;
+        }
+        if !self.read_for_publication(p.due) {
+            return;
+        }
+        self.adopted_publication = None;
+        self.publication_read_asked = None;
+        self.published_replicas = self.linked_replicas().cloned().collect();
+        let (reporter, old) = self
+            .epoch_publication
+            .clone()
+            .unwrap_or((Reporter::Observer, None));
+        let mut topology = self.topology(reporter, None);
+        topology.old_master = old;
+        self.effects.run(Work::Republish {
+            topology,
+            deadline: self.cfg.failover_timeout,
+        });
+    }
+
+    /// Whether a publication whose turn comes at `due` may be made now:
+    /// from INFO read after its turn came. At `due` every server is asked
+    /// for INFO at once, and the publication waits for the replies that
+    /// name its replicas ([`Group::read_since`]): a publication names the
+    /// replicas linked to the master, and one made from a view older than
+    /// another daemon's earlier write takes the replica label off a pod
+    /// that daemon saw linked since. Servers that do not answer are waited
+    /// for [`INFO_FAST`] at most (a publication that waited is made as
+    /// before, from what is known).
+    pub(super) fn read_for_publication(&mut self, due: Instant) -> bool {
+        let now = self.now;
+        if now < due {
+            return false;
+        }
+        match self.publication_read_asked {
+            Some(asked) if asked >= due => self.read_since(asked) || now >= asked + INFO_FAST,
+            _ => {
+                self.publication_read_asked = Some(now);
+                let addrs: Vec<Addr> = self.instances.keys().cloned().collect();
+                for a in &addrs {
+                    self.refresh_info(a);
+                }
+                false
+            }
+        }
+    }
+
+    /// Whether what a publication names was read at or after `t`: the
+    /// master's INFO, and, when that INFO shows no replica list to go by
+    /// (a Dragonfly that hides it, a server not a master any more), the
+    /// INFO of every replica that answers (one down or disconnected
+    /// answers nothing and is not linked anyway).
+    fn read_since(&self, t: Instant) -> bool {
+        let read = |i: &super::observe::Instance| i.info_at.is_some_and(|at| at >= t);
+        if !self.instances.get(&self.master).is_some_and(|i| read(i)) {
+            return false;
+        }
+        super::observe::master_list(&self.instances, &self.master).is_some()
+            || self
+                .instances
+                .values()
+                .filter(|i| i.addr != self.master && i.connected && !i.sdown.is_down())
+                .all(|i| read(i))
+    }
+
+    /// When a waiting publication is next due to be looked at (its turn,
+    /// or the end of its wait for INFO), for the group task's timer; None
+    /// when nothing waits or that time is past (the next tick or INFO
+    /// looks at it).
+    pub(super) fn publication_deadline(&self) -> Option<Instant> {
+        let due = self
+            .adopted_publication
+            .as_ref()
+            .map(|p| p.due)
+            .or(self.republish_due)?;
+        let at = match self.publication_read_asked {
+            Some(asked) if asked >= due => asked + INFO_FAST,
+            _ => due,
+        };
+        (at > self.now).then_some(at)
     }
 
     pub(super) fn on_published(
@@ -289,6 +408,10 @@ impl Group {
             // restart: the server may still hand over.
             return;
         }
+        if self.adopted_publication.is_some() {
+            // This epoch's first publication by this daemon is still to come.
+            return;
+        }
         let now = self.now;
         let republish = self.published_epoch == Some(self.config_epoch);
         if republish {
@@ -317,10 +440,11 @@ impl Group {
                 Duration::ZERO
             };
         let due = *self.republish_due.get_or_insert(now + wait);
-        if now < due {
+        if !self.read_for_publication(due) {
             return;
         }
         self.republish_due = None;
+        self.publication_read_asked = None;
         self.published_epoch = Some(self.config_epoch);
         self.published_replicas = self.linked_replicas().cloned().collect();
         // A re-publication says what the epoch's first one said, with the
@@ -425,4 +549,15 @@ impl Group {
         let topology = self.topology(Reporter::Observer, self.replaced(old));
         self.persist_and_publish(topology, false);
     }
+}
+
+/// A config adopted from a peer that this daemon publishes when its turn
+/// comes ([`Group::publish_adopted_when_due`]).
+#[derive(Debug)]
+pub(super) struct AdoptedPublication {
+    /// The config's epoch (a newer config drops this one's publication).
+    epoch: u64,
+    /// When this daemon's turn comes: the leader first, then a rank step
+    /// per daemon before this one.
+    due: Instant,
 }

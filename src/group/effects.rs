@@ -108,14 +108,14 @@ pub(super) enum Work {
         flavour: Flavour,
         master: Addr,
     },
-    /// Persist the adopted config, wait `wait` (a daemon that learnt it
-    /// from a peer lets the leader write first), then publish `topology`.
+    /// Persist the adopted config, then publish `topology` (a daemon that
+    /// learnt it from a peer persists it with [`Work::PersistConfig`] and
+    /// publishes it when its turn comes, with [`Work::Republish`]).
     /// `machine`: the failover machine waits for the result.
     PersistAndPublish {
         topology: Topology,
         /// The other servers the group knows, persisted with the config.
         known: Vec<Addr>,
-        wait: Duration,
         deadline: Duration,
         machine: bool,
     },
@@ -503,7 +503,6 @@ impl Io {
             Work::PersistAndPublish {
                 topology,
                 known,
-                wait,
                 deadline,
                 machine,
             } => {
@@ -511,7 +510,6 @@ impl Io {
                 let persisted = state
                     .set_config(group, epoch, &topology.master, known)
                     .await;
-                tokio::time::sleep(wait).await;
                 let result = self.discovery.publish(topology, deadline).await;
                 Some(Internal::Published {
                     epoch,

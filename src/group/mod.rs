@@ -322,6 +322,12 @@ struct Group {
     /// The reporter and old master of this epoch's publication, which a
     /// re-publication repeats.
     epoch_publication: Option<(crate::discovery::Reporter, Option<Addr>)>,
+    /// A config adopted from a peer, to publish when this daemon's turn
+    /// comes (see `adopt.rs`).
+    adopted_publication: Option<adopt::AdoptedPublication>,
+    /// When a publication whose turn came asked the servers for the INFO
+    /// it is made from (see `Group::read_for_publication`).
+    publication_read_asked: Option<Instant>,
 }
 
 /// Connection settings for the group's data servers.
@@ -462,6 +468,8 @@ impl Group {
             published_replicas: Vec::new(),
             republish_due: None,
             epoch_publication: None,
+            adopted_publication: None,
+            publication_read_asked: None,
             label: m::label(&cfg.name),
             cfg,
             ctx,
@@ -746,6 +754,7 @@ impl Group {
             .filter_map(|i| i.sdown.deadline())
             .chain(self.election.deadline())
             .chain(self.suspect_deadline(now))
+            .chain(self.publication_deadline())
             .fold(next_tick, Instant::min)
     }
 

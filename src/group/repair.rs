@@ -197,6 +197,9 @@ impl Group {
 
     pub(super) fn check_topology(&mut self, now: Instant) {
         self.confirm_start_config();
+        // Not held back with the repairs: it only publishes a config this
+        // daemon adopted, as the leader did.
+        self.publish_adopted_when_due();
         if !self.may_reconfigure(now) {
             return;
         }

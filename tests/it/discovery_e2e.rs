@@ -1803,6 +1803,69 @@ fn failover_publishes_to_every_backend_in_gated_order() {
     }
 }
 
+/// Issue 27, found on a real API server: every daemon publishes each
+/// epoch, the leader first and the others a rank step apart after it. The
+/// others published the replicas linked to the new master as they were
+/// when they adopted the config (none re-pointed yet), seconds later: the
+/// replica pod the leader had labelled at that epoch meanwhile lost its
+/// label, and got it back only at their re-publication (1.3 s without a
+/// replica for a Service selecting `role=replica`). Once a pod is labelled
+/// a replica at the failover's epoch, no write at that epoch takes the
+/// label off while its server stays linked to the new master.
+#[test]
+fn a_linked_replica_keeps_its_label_through_every_daemons_publication() {
+    let mut env = Env::start(Opts::default());
+    env.kill(0);
+    // Every backend of every daemon confirmed the new epoch: each daemon
+    // has made its publication of it.
+    let c = env.wait_converged(0, FAILOVER_WAIT);
+    let new = env.index_of(c.master);
+    let other = 3 - new;
+    env.wait_k8s_published(new, c.epoch);
+    assert!(
+        replica_linked_to(&env.servers[other], c.master),
+        "{} does not replicate from the new master",
+        pod(other)
+    );
+    let epoch = c.epoch.to_string();
+    let ws = writes(&env);
+    // The pod's role label over the writes since the kill.
+    let mut role = Some("replica".to_string());
+    let mut labelled_at_epoch = false;
+    let mut unlabelled_since: Option<Instant> = None;
+    let mut gaps = Vec::new();
+    for w in ws
+        .iter()
+        .filter(|w| w.ok() && w.pod.as_deref() == Some(&pod(other)))
+    {
+        let Some(r) = w.role() else {
+            continue;
+        };
+        let at_epoch = w.epoch().as_deref() == Some(epoch.as_str());
+        if at_epoch && labelled_at_epoch && r.as_deref() != Some("replica") {
+            env.fail(&format!(
+                "{} lost the replica label at epoch {epoch} after it was labelled a replica \
+                 at that epoch, while it replicated from the new master: {w:?}",
+                pod(other)
+            ));
+        }
+        if r.as_deref() == Some("replica") {
+            if let Some(since) = unlabelled_since.take() {
+                gaps.push(w.req.at.saturating_duration_since(since));
+            }
+            labelled_at_epoch |= at_epoch;
+        } else if role.as_deref() == Some("replica") {
+            unlabelled_since = Some(w.req.at);
+        }
+        role = r;
+    }
+    assert!(labelled_at_epoch, "{} never labelled a replica", pod(other));
+    eprintln!(
+        "{} without the replica label after the kill: {gaps:?}",
+        pod(other)
+    );
+}
+
 /// Without any failover, every daemon publishes the current config once
 /// after it starts (epoch 0, the configured master, reporter `observer`),
 /// so that the Service selects the master from the start; a backend that

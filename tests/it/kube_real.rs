@@ -31,6 +31,11 @@
 //! - 5 kill -9 failovers: a watch of each Service never sees two addresses
 //!   and never the old master after the new one was promoted; kill → old
 //!   master out of the Service, → promoted, → new master in the Service;
+//!   a Service selecting `role=replica` never loses a replica it listed
+//!   after the promotion while every daemon publishes the failover's
+//!   epoch (issue 27: the daemons that adopted the epoch from the leader
+//!   took the label off both replicas for 1.3 s), and how long the replica
+//!   that was not failed over was out of it;
 //! - a replica pod replaced by a pod with another IP;
 //! - a rolling restart of the three pods under writes through the Service
 //!   (to its ready endpoint, as kube-proxy routes): no acknowledged write
@@ -444,8 +449,9 @@ impl ControlPlane {
     }
 
     /// Namespace, node, the picket Role of docs/kubernetes.md bound to
-    /// user `picket`, the Service selecting the master's label and the
-    /// selector-less Service picket's endpointslice backend owns.
+    /// user `picket`, the Service selecting the master's label, one
+    /// selecting the replicas' (reads) and the selector-less Service
+    /// picket's endpointslice backend owns.
     fn set_up_cluster(&self) {
         self.create("/api/v1/namespaces", json!({"metadata": {"name": NS}}));
         self.create(
@@ -472,14 +478,16 @@ impl ControlPlane {
                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "picket"}],
             }),
         );
-        self.create(
-            &format!("/api/v1/namespaces/{NS}/services"),
-            json!({
-                "metadata": {"name": "cache"},
-                "spec": {"selector": {"app": "cache", "role": "master"},
-                         "ports": [{"name": "redis", "port": 6379, "targetPort": "redis"}]},
-            }),
-        );
+        for (name, role) in [("cache", "master"), ("cache-read", "replica")] {
+            self.create(
+                &format!("/api/v1/namespaces/{NS}/services"),
+                json!({
+                    "metadata": {"name": name},
+                    "spec": {"selector": {"app": "cache", "role": role},
+                             "ports": [{"name": "redis", "port": 6379, "targetPort": "redis"}]},
+                }),
+            );
+        }
         self.create(
             &format!("/api/v1/namespaces/{NS}/services"),
             json!({
@@ -607,6 +615,17 @@ fn role_of(s: &RedisServer) -> Option<String> {
     s.info_field("replication", "role")
 }
 
+/// The IPs of the servers other than `master`, sorted (as [`SliceWatch`]
+/// lists a Service's addresses).
+fn replica_ips(servers: &[RedisServer], master: usize) -> Vec<String> {
+    let mut ips: Vec<String> = (0..servers.len())
+        .filter(|i| *i != master)
+        .map(|i| servers[i].ip())
+        .collect();
+    ips.sort();
+    ips
+}
+
 fn instances(node: &PicketNode) -> Vec<String> {
     node.instance_addrs(GROUP)
 }
@@ -724,6 +743,7 @@ service = "cache-es"
     let mut out_ms = [Vec::new(), Vec::new()];
     let mut in_ms = [Vec::new(), Vec::new()];
     let mut promoted_ms = Vec::new();
+    let mut read_out_ms = Vec::new();
     let services = ["cache", "cache-es"];
     let mut master_idx = 0usize;
     let writes_before = cp.picket_writes().len();
@@ -738,13 +758,19 @@ service = "cache-es"
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        wait("every replica linked", 30, &mut || {
-            servers
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != master_idx)
-                .all(|(_, s)| replica_linked_to(s, servers[master_idx].addr()))
-        });
+        let readers = replica_ips(&servers, master_idx);
+        wait(
+            "every replica linked and in the read Service",
+            30,
+            &mut || {
+                servers
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i != master_idx)
+                    .all(|(_, s)| replica_linked_to(s, servers[master_idx].addr()))
+                    && watch.now("cache-read").as_ref() == Some(&readers)
+            },
+        );
         let old_ip = servers[master_idx].ip();
         let t_kill = Instant::now();
         servers[master_idx].kill9();
@@ -810,6 +836,75 @@ service = "cache-es"
         wait("the old master demoted", 30, &mut || {
             replica_linked_to(&servers[master_idx], new_addr)
         });
+        // The read Service: every daemon has published the failover's
+        // epoch (the others after the leader, a rank step apart), and it
+        // lists both replicas. No replica it listed after the promotion
+        // left it since: each stayed linked to the new master.
+        let epoch = cluster.nodes[0].group(GROUP)["config_epoch"].clone();
+        wait("every daemon's publication of the epoch", 20, &mut || {
+            cluster.nodes.iter().all(|n| {
+                let g = n.group(GROUP);
+                g["config_epoch"] == epoch
+                    && g["discovery"].as_array().is_some_and(|bs| {
+                        bs.iter()
+                            .all(|b| b["last_epoch"] == epoch && b["last_result"] == "ok")
+                    })
+            })
+        });
+        let readers = replica_ips(&servers, new_idx);
+        wait("the read Service to list both replicas", 20, &mut || {
+            watch.now("cache-read").as_ref() == Some(&readers)
+        });
+        let kept_ip = servers[3 - new_idx - master_idx].ip();
+        let seen = watch.since(t_kill, "cache-read");
+        // After the promotion the failover's publication takes the label
+        // off the replicas not linked to the new master yet (the new
+        // master's pod leaves as it gets the master label), and the
+        // re-publications label them as they link: once the Service has
+        // gained a replica, it loses none.
+        let (mut listed, mut gained): (Option<Vec<String>>, bool) = (None, false);
+        for (at, a) in &seen {
+            if *at >= t_promoted {
+                let now: Vec<String> = a.iter().filter(|ip| **ip != new_ip).cloned().collect();
+                if let Some(before) = &listed {
+                    gained |= now.iter().any(|ip| !before.contains(ip));
+                    if let Some(gone) = before.iter().find(|ip| !now.contains(ip))
+                        && gained
+                    {
+                        fail(&format!(
+                            "round {round}: the read Service dropped replica {gone} after the \
+                             failover's publication had labelled replicas: {:?}",
+                            seen.iter()
+                                .map(|(t, a)| (ms(t.saturating_duration_since(t_kill)), a))
+                                .collect::<Vec<_>>()
+                        ));
+                    }
+                }
+                listed = Some(now);
+            }
+        }
+        // How long the replica not failed over was out of the Service
+        // since the kill (it was in it before: see "every replica linked").
+        let (mut out, mut gone_at, mut times) = (Duration::ZERO, None::<Instant>, 0);
+        for (at, a) in &seen {
+            match (a.contains(&kept_ip), gone_at) {
+                (true, Some(since)) => {
+                    out += at.saturating_duration_since(since);
+                    gone_at = None;
+                }
+                (false, None) => {
+                    gone_at = Some(*at);
+                    times += 1;
+                }
+                _ => {}
+            }
+        }
+        read_out_ms.push(ms(out));
+        eprintln!(
+            "round {round} cache-read: the replica not failed over out of it for {:.0} ms \
+             ({times} time(s))",
+            ms(out)
+        );
         master_idx = new_idx;
     }
     for (verb, code, what) in cp.picket_write_events().split_off(writes_before) {
@@ -824,6 +919,10 @@ service = "cache-es"
         "real control plane, 5 kill -9 failovers: kill → promoted {}; picket's writes: {} ({patches} PATCH, {conflicts} answered 409) for 5 failovers",
         stats(&promoted_ms),
         writes.len()
+    );
+    eprintln!(
+        "  cache-read (role=replica): the replica not failed over out of it {}",
+        stats(&read_out_ms)
     );
     for (k, svc) in services.iter().enumerate() {
         let gap: Vec<f64> = in_ms[k]
