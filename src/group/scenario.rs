@@ -125,6 +125,9 @@ struct Server {
     break_replication: bool,
     /// Dragonfly: the connection under way was asked for by `REPLICAOF`.
     asked: bool,
+    /// Dragonfly: exited after a `REPLTAKEOVER`; its supervisor starts it
+    /// again, empty, then (virtual ms).
+    restart_at: Option<u64>,
 }
 
 impl Server {
@@ -428,6 +431,7 @@ impl Sim {
             stopping_at: None,
             break_replication: false,
             asked: false,
+            restart_at: None,
         };
         let mut sim = Sim {
             daemons: Vec::new(),

@@ -96,6 +96,7 @@ impl Server {
         self.sync_due = None;
         self.stopping_at = None;
         self.asked = false;
+        self.restart_at = None;
         if self.dragonfly {
             self.master = None;
         }
@@ -398,10 +399,25 @@ impl Sim {
     /// NO ONE`; the answers due now come, promotions first (a re-point
     /// that waited on one greets the master it made).
     pub(super) async fn step_dragonfly(&mut self) {
+        let ms = self.ms;
         for s in self.servers.0.iter_mut().filter(|s| !s.alive) {
             s.stopping_at = None;
         }
-        let ms = self.ms;
+        let due: Vec<Addr> = self
+            .servers
+            .0
+            .iter()
+            .filter(|s| !s.alive && s.restart_at.is_some_and(|t| t <= ms))
+            .map(|s| s.addr.clone())
+            .collect();
+        for a in due {
+            let s = self.servers.get_mut(&a);
+            s.alive = true;
+            s.restart_at = None;
+            let before = s.restart_empty(ms);
+            self.mark_emptied(&a, &before);
+            self.note(self.daemons.len(), format!("{a} started again, empty"));
+        }
         let mut due: Vec<Pending> = Vec::new();
         let mut k = 0;
         while k < self.dragonfly_pending.len() {
@@ -632,8 +648,8 @@ mod tests {
 
     /// `REPLTAKEOVER`: the candidate catches up and takes over, the old
     /// master exits, the new one is published after; the old master,
-    /// started again by its supervisor (a master of its own, in a new
-    /// history), is made a replica.
+    /// started again empty by its supervisor (a master of its own, in a
+    /// new history), is made a replica.
     #[tokio::test]
     async fn a_dragonfly_switchover_takes_over_and_the_old_master_exits() {
         let mut sim = dragonfly_sim(13, true);
@@ -651,10 +667,9 @@ mod tests {
             "{:#?}",
             sim.trace
         );
-        let old = addr(7000);
-        assert!(sim.servers.get(&old).is_some_and(|s| !s.alive));
-        let ms = sim.ms;
-        sim.servers.get_mut(&old).back_with_data(ms);
+        let exited = sim.trace[handed].0;
+        let started = sim.at("127.0.0.1:7000 started again, empty");
+        assert!(sim.trace[started].0 >= exited + 1_000, "{:#?}", sim.trace);
         sim.run_for(3_000).await;
         sim.assert_followed(7001, &[7000, 7002]);
         assert_eq!(sim.routing, (1, Some(new)));

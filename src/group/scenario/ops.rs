@@ -186,8 +186,10 @@ impl Sim {
                 self.servers.get_mut(&sw.candidate).promote(ms);
                 let o = self.servers.get_mut(&sw.old);
                 if sw.takeover {
-                    // "Takeover accepted, shutting down."
+                    // "Takeover accepted, shutting down."; its supervisor
+                    // (a pod's restart, systemd) starts it again, empty.
                     o.alive = false;
+                    o.restart_at = Some(ms + 1_000);
                 } else {
                     o.master = Some(sw.candidate.clone());
                 }
