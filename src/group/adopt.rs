@@ -177,12 +177,19 @@ impl Group {
             return;
         }
         self.adopted_publication = None;
-        self.publication_read_asked = None;
-        self.published_replicas = self.linked_replicas().cloned().collect();
         let (reporter, old) = self
             .epoch_publication
             .clone()
             .unwrap_or((Reporter::Observer, None));
+        self.publish_epoch_now(reporter, old);
+    }
+
+    /// Publish this epoch's config now, with the replicas linked as read
+    /// now and what the epoch's first publication said (`reporter`, and
+    /// `old`, the old master as it was written).
+    fn publish_epoch_now(&mut self, reporter: Reporter, old: Option<Addr>) {
+        self.publication_read_asked = None;
+        self.published_replicas = self.linked_replicas().cloned().collect();
         let mut topology = self.topology(reporter, None);
         topology.old_master = old;
         self.effects.run(Work::Republish {
@@ -444,9 +451,7 @@ impl Group {
             return;
         }
         self.republish_due = None;
-        self.publication_read_asked = None;
         self.published_epoch = Some(self.config_epoch);
-        self.published_replicas = self.linked_replicas().cloned().collect();
         // A re-publication says what the epoch's first one said, with the
         // replicas of now.
         let (reporter, old) = match (&self.epoch_publication, republish) {
@@ -454,12 +459,7 @@ impl Group {
             _ => (Reporter::Observer, None),
         };
         self.epoch_publication = Some((reporter, old.clone()));
-        let mut topology = self.topology(reporter, None);
-        topology.old_master = old;
-        self.effects.run(Work::Republish {
-            topology,
-            deadline: self.cfg.failover_timeout,
-        });
+        self.publish_epoch_now(reporter, old);
     }
 
     /// A peer announces a newer config for this group: adopt it at once

@@ -588,14 +588,17 @@ impl Group {
         else {
             return;
         };
+        // Compared in place: called at every INFO of the master.
+        if self.persisted_identity.as_ref().is_some_and(|p| {
+            p.addr == self.master && p.run_id == info.run_id && p.replid == info.replid
+        }) {
+            return;
+        }
         let id = MasterIdentity {
             addr: self.master.clone(),
             run_id: info.run_id.clone(),
             replid: info.replid.clone(),
         };
-        if self.persisted_identity.as_ref() == Some(&id) {
-            return;
-        }
         self.persisted_identity = Some(id.clone());
         self.effects.run(Work::PersistIdentity(id));
     }

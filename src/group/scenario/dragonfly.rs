@@ -88,6 +88,16 @@ enum Replicaof {
     Refused(String),
 }
 
+/// What a failover's re-point of `replica` reports to it (nothing for a
+/// topology repair, `epoch` None).
+fn repoint_sent(
+    epoch: Option<u64>,
+    replica: Addr,
+    r: Result<(), CommandFailed>,
+) -> Option<Internal> {
+    epoch.map(|e| Internal::Failover(e, Input::RepointSent(replica, r)))
+}
+
 impl Server {
     /// Its process started at `ms`: Dragonfly counts its uptime from
     /// there and comes up a master.
@@ -283,16 +293,12 @@ impl Sim {
             }
         };
         s.stopping_at = Some(at);
-        self.dragonfly_pending.push(Pending {
-            at,
-            daemon: i,
-            ctx: self.daemons[i].ctx.clone(),
-            what: Later::Promotion {
-                epoch,
-                candidate: candidate.clone(),
-                flush,
-            },
-        });
+        let promotion = Later::Promotion {
+            epoch,
+            candidate: candidate.clone(),
+            flush,
+        };
+        self.push_later(at, i, self.daemons[i].ctx.clone(), promotion);
         None
     }
 
@@ -317,23 +323,19 @@ impl Sim {
         master: Addr,
         retry_for: u64,
     ) -> Option<Internal> {
-        let fed =
-            |replica: Addr, r| epoch.map(|e| Internal::Failover(e, Input::RepointSent(replica, r)));
         if !self.reaches(i, &replica) {
             let e = CommandFailed(format!("{replica}: unreachable"));
-            return fed(replica, Err(e));
+            return repoint_sent(epoch, replica, Err(e));
         }
         if self.failing_over(&replica) {
             let e = CommandFailed(format!("{replica}: {REPLICAOF_REFUSED}"));
-            return fed(replica, Err(e));
+            return repoint_sent(epoch, replica, Err(e));
         }
-        let later = match self.df_replicaof(&replica, &master) {
-            Replicaof::Done => return fed(replica, Ok(())),
+        let (at, later) = match self.df_replicaof(&replica, &master) {
+            Replicaof::Done => return repoint_sent(epoch, replica, Ok(())),
             Replicaof::Refused(e) if retry_for == 0 => {
-                return fed(
-                    replica.clone(),
-                    Err(CommandFailed(format!("{replica}: {e}"))),
-                );
+                let e = CommandFailed(format!("{replica}: {e}"));
+                return repoint_sent(epoch, replica, Err(e));
             }
             Replicaof::Refused(_) => (
                 self.ms + REPOINT_RETRY_MS,
@@ -354,13 +356,18 @@ impl Sim {
                 },
             ),
         };
-        self.dragonfly_pending.push(Pending {
-            at: later.0,
-            daemon: i,
-            ctx: self.daemons[i].ctx.clone(),
-            what: later.1,
-        });
+        self.push_later(at, i, self.daemons[i].ctx.clone(), later);
         None
+    }
+
+    /// An answer to daemon `i` (in the life `ctx`) that comes at `at`.
+    fn push_later(&mut self, at: u64, daemon: usize, ctx: Arc<DaemonCtx>, what: Later) {
+        self.dragonfly_pending.push(Pending {
+            at,
+            daemon,
+            ctx,
+            what,
+        });
     }
 
     /// Daemon `i`'s demotion of Dragonfly server `a` to `master`
@@ -379,17 +386,13 @@ impl Sim {
             Replicaof::Done => Some(Internal::Demoted(a, Ok(()))),
             Replicaof::Refused(e) => Some(Internal::Demoted(a, refused(&format!("ERR {e}")))),
             Replicaof::Waits(at) => {
-                self.dragonfly_pending.push(Pending {
-                    at,
-                    daemon: i,
-                    ctx: self.daemons[i].ctx.clone(),
-                    what: Later::Greets {
-                        epoch: None,
-                        replica: a,
-                        master,
-                        demote: true,
-                    },
-                });
+                let greets = Later::Greets {
+                    epoch: None,
+                    replica: a,
+                    master,
+                    demote: true,
+                };
+                self.push_later(at, i, self.daemons[i].ctx.clone(), greets);
                 None
             }
         }
@@ -480,12 +483,7 @@ impl Sim {
                             }),
                         ))
                     } else {
-                        epoch.map(|e| {
-                            Internal::Failover(
-                                e,
-                                Input::RepointSent(replica, r.map_err(CommandFailed)),
-                            )
-                        })
+                        repoint_sent(epoch, replica, r.map_err(CommandFailed))
                     }
                 }
                 Later::Retry {
@@ -500,49 +498,33 @@ impl Sim {
                     } else {
                         Replicaof::Refused(format!("{replica}: connection closed"))
                     };
-                    let again = match tried {
-                        Replicaof::Done => None,
-                        Replicaof::Refused(_) if ms + REPOINT_RETRY_MS < until => Some((
-                            ms + REPOINT_RETRY_MS,
-                            Later::Retry {
+                    let r = match tried {
+                        Replicaof::Done => Ok(()),
+                        Replicaof::Refused(e) if ms + REPOINT_RETRY_MS >= until => {
+                            Err(CommandFailed(format!("{replica}: {e}")))
+                        }
+                        Replicaof::Refused(_) => {
+                            let again = Later::Retry {
                                 epoch,
-                                replica: replica.clone(),
-                                master: master.clone(),
+                                replica,
+                                master,
                                 until,
-                            },
-                        )),
-                        Replicaof::Refused(e) => {
-                            let r = Err(CommandFailed(format!("{replica}: {e}")));
-                            let fed = epoch
-                                .map(|e| Internal::Failover(e, Input::RepointSent(replica, r)));
-                            if let Some(f) = fed {
-                                self.feed_back(p.daemon, &p.ctx, f).await;
-                            }
+                            };
+                            self.push_later(ms + REPOINT_RETRY_MS, p.daemon, p.ctx, again);
                             continue;
                         }
-                        Replicaof::Waits(at) => Some((
-                            at,
-                            Later::Greets {
+                        Replicaof::Waits(at) => {
+                            let greets = Later::Greets {
                                 epoch,
-                                replica: replica.clone(),
-                                master: master.clone(),
+                                replica,
+                                master,
                                 demote: false,
-                            },
-                        )),
-                    };
-                    match again {
-                        Some((at, what)) => {
-                            self.dragonfly_pending.push(Pending {
-                                at,
-                                daemon: p.daemon,
-                                ctx: p.ctx,
-                                what,
-                            });
+                            };
+                            self.push_later(at, p.daemon, p.ctx, greets);
                             continue;
                         }
-                        None => epoch
-                            .map(|e| Internal::Failover(e, Input::RepointSent(replica, Ok(())))),
-                    }
+                    };
+                    repoint_sent(epoch, replica, r)
                 }
             };
             if let Some(r) = result {
