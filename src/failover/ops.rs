@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::CommandFailed;
 use super::machine::PromoteError;
 use crate::addr::Addr;
 use crate::probe::info::{self, Flavour, InfoSnapshot, Role};
+use crate::probe::reboot::Identity;
 use crate::resp::{ClientOptions, Connection, RespError, ServerError, frame_int, frame_text};
 
 /// How often a planned switchover's candidate is asked for its role (and,
@@ -162,20 +164,16 @@ impl InstanceOps {
         addr: &Addr,
         flavour: Flavour,
         flush: bool,
-        run_id: Option<&str>,
+        chosen: Option<&Identity>,
     ) -> Result<(), PromoteError> {
         let perr = |e: RespError| PromoteError::Promotion(format!("{addr}: {e}"));
         let mut c = self.connect(addr, flavour).await.map_err(perr)?;
         // The process chosen, not one started since at its address (a
         // leader's retries can outlast a restart of the candidate).
-        if let Some(expected) = run_id {
-            let text = c.call_text(["INFO", "server"]).await.map_err(perr)?;
-            let now = info::parse_info(&text).run_id;
-            if now.as_deref() != Some(expected) {
-                return Err(PromoteError::CandidateRestarted(format!(
-                    "{addr}: run_id {expected} -> {}",
-                    now.as_deref().unwrap_or("unknown")
-                )));
+        if let Some(chosen) = chosen.filter(|c| c.known()) {
+            let why = Self::restarted_since(&mut c, chosen).await.map_err(perr)?;
+            if let Some(why) = why {
+                return Err(PromoteError::CandidateRestarted(format!("{addr}: {why}")));
             }
         }
         if !flush {
@@ -349,7 +347,19 @@ impl InstanceOps {
         flavour: Flavour,
         master: &Addr,
         retry_for: Duration,
-    ) -> Result<(), RespError> {
+        master_chosen: Option<&Identity>,
+    ) -> Result<(), CommandFailed> {
+        // Sent beside a promotion, before the new master answered: the
+        // process chosen, not an empty one started since at its address,
+        // which the replica would copy.
+        if let Some(chosen) = master_chosen.filter(|c| c.known()) {
+            let mut c = self.connect(master, flavour).await?;
+            if let Some(why) = Self::restarted_since(&mut c, chosen).await? {
+                return Err(CommandFailed(format!(
+                    "{replica} not re-pointed: {master} restarted since it was chosen ({why})"
+                )));
+            }
+        }
         let until = Instant::now() + retry_for;
         loop {
             match self.repoint(replica, flavour, master).await {
@@ -357,9 +367,19 @@ impl InstanceOps {
                     tracing::debug!(%replica, %master, error = %e, "re-point beside the promotion refused; trying again");
                     tokio::time::sleep(REPOINT_RETRY).await;
                 }
-                r => return r,
+                r => return r.map_err(CommandFailed::from),
             }
         }
+    }
+
+    /// Why the server on `c` is no longer the process `chosen`, if it is
+    /// not.
+    async fn restarted_since(
+        c: &mut Connection,
+        chosen: &Identity,
+    ) -> Result<Option<String>, RespError> {
+        let text = c.call_text(["INFO", "server"]).await?;
+        Ok(chosen.changed(&Identity::of(&info::parse_info(&text))))
     }
 
     /// Fence a returning old master: make it a replica of `master`, then

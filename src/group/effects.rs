@@ -20,9 +20,9 @@ use crate::addr::Addr;
 use crate::context::DaemonCtx;
 use crate::discovery::runner::{DiscoveryRunner, RunnerError};
 use crate::discovery::{Fence, Topology};
-use crate::failover::CommandFailed;
 use crate::failover::machine::{Input, PromoteError};
 use crate::failover::ops::{InstanceOps, ScriptKill};
+use crate::probe::reboot::Identity;
 use crate::probe::{Flavour, ProbeEvent, ProbeHandle, ProbeSettings, Role};
 use crate::quorum::peers::{HelloGroup, IsDownQuery, IsDownReply};
 use crate::quorum::state::{MasterIdentity, StateError, Vote};
@@ -67,9 +67,9 @@ pub(super) enum Work {
         candidate: Addr,
         flavour: Flavour,
         flush: bool,
-        /// The candidate's `run_id` when the failover started: another
-        /// process is not promoted (`PromoteError::CandidateRestarted`).
-        run_id: Option<String>,
+        /// The candidate's identity when it was chosen: another process
+        /// is not promoted (`PromoteError::CandidateRestarted`).
+        chosen: Option<Identity>,
     },
     /// Failover step 6, planned.
     Switchover {
@@ -100,6 +100,9 @@ pub(super) enum Work {
         /// How long a refusal is retried (a re-point sent beside a
         /// Dragonfly promotion may reach the candidate before it is one).
         retry_for: Duration,
+        /// Beside a promotion: the new master's identity when it was
+        /// chosen, checked first (a restarted one is not copied).
+        master_chosen: Option<Identity>,
     },
     /// A returning old master (or a stray one) becomes a replica of
     /// `master`, its clients disconnected.
@@ -433,10 +436,10 @@ impl Io {
                 candidate,
                 flavour,
                 flush,
-                run_id,
+                chosen,
             } => {
                 let r = ops
-                    .promote(&candidate, flavour, flush, run_id.as_deref())
+                    .promote(&candidate, flavour, flush, chosen.as_ref())
                     .await;
                 Some(Internal::Failover(epoch, Input::Promoted(r)))
             }
@@ -475,15 +478,19 @@ impl Io {
                 flavour,
                 master,
                 retry_for,
+                master_chosen,
             } => {
                 let r = ops
-                    .repoint_retrying(&replica, flavour, &master, retry_for)
+                    .repoint_retrying(
+                        &replica,
+                        flavour,
+                        &master,
+                        retry_for,
+                        master_chosen.as_ref(),
+                    )
                     .await;
                 match epoch {
-                    Some(epoch) => Some(Internal::Failover(
-                        epoch,
-                        Input::RepointSent(replica, r.map_err(CommandFailed::from)),
-                    )),
+                    Some(epoch) => Some(Internal::Failover(epoch, Input::RepointSent(replica, r))),
                     None => {
                         if let Err(e) = r {
                             tracing::warn!(group, instance = %replica, error = %e, "re-pointing a replica failed");

@@ -85,7 +85,16 @@ impl<'a> ReplicaSet<'a> {
             sdown: i.sdown.is_down(),
             connected: i.connected,
             last_ok_age: self.now.saturating_duration_since(i.sdown.last_valid()),
-            info_age: i.info_at.map(|t| self.now.saturating_duration_since(t)),
+            // Only what it said on its current connection: an INFO read
+            // before the connection was lost may describe a process that
+            // has died since (a Dragonfly replica has no `run_id` for the
+            // promotion to check; it restarted with less, was chosen on
+            // its old INFO and copied by the re-point sent beside its
+            // promotion: the simulation on Dragonfly, seed 346).
+            info_age: i
+                .info_at
+                .filter(|t| Some(*t) >= i.connected_at)
+                .map(|t| self.now.saturating_duration_since(t)),
             role: info.map(|x| x.role).unwrap_or_default(),
             priority: info.and_then(|x| x.priority),
             // A master's own offset (one promoted by an earlier attempt,

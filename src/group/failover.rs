@@ -15,6 +15,7 @@ use crate::discovery::{Fence, Reporter};
 use crate::events::{Detail, EventKind};
 use crate::failover::machine::{Action, Failover, Input, Kind, Outcome, Phase};
 use crate::metrics as m;
+use crate::probe::reboot::Identity;
 use crate::probe::{Flavour, Role};
 use crate::quorum::election::Ballot;
 
@@ -29,11 +30,11 @@ impl Group {
         tracing::info!(group = %self.cfg.name, epoch = ballot.epoch, candidate = %ballot.candidate, "elected leader; failing over");
         let replicas = self.replica_addrs();
         let flavour = self.flavour_of(&ballot.candidate);
-        let candidate_run_id = self
+        let candidate = self
             .instances
             .get(&ballot.candidate)
-            .and_then(|i| i.info.as_ref())
-            .and_then(|i| i.run_id.clone());
+            .and_then(|i| i.info.as_deref())
+            .map(Identity::of);
         let master_history = self
             .instances
             .get(&self.master)
@@ -54,12 +55,43 @@ impl Group {
         self.failover = Some(Running {
             machine,
             started: ballot.started,
-            candidate_run_id,
+            candidate,
             master_history,
             superseded: false,
         });
         self.emit(EventKind::FailoverStateSelectSlave, &Detail::Master);
         self.run_failover_actions(actions);
+    }
+
+    /// Whether a planned switchover runs.
+    pub(super) fn switching_over(&self) -> bool {
+        self.failover
+            .as_ref()
+            .is_some_and(|r| r.machine.kind == Kind::Switchover)
+    }
+
+    /// A switchover whose old master is gone becomes unplanned
+    /// ([`Input::MasterDown`]), which gives up what the old master
+    /// acknowledged and the candidate has not copied: only on evidence
+    /// that its process is gone (refused, or back with less) or on ODOWN.
+    /// This daemon's own silence is not enough: a leader cut off from
+    /// everything for `down_after` came back with the master SDOWN from
+    /// its own isolation, and 30 ms after sending `FAILOVER` promoted the
+    /// candidate over a master alive with writes the candidate did not
+    /// hold (the simulation with switchovers, seed 22407). Sentinel has
+    /// no such fallback: its switchover waits for its timeout.
+    pub(super) fn switchover_master_gone(&mut self, now: Instant) {
+        if !self.switching_over() {
+            return;
+        }
+        let definite = self
+            .instances
+            .get(&self.master)
+            .and_then(|i| i.sdown.reason())
+            .is_some_and(|r| r != crate::probe::sdown::Reason::Silence);
+        if definite || self.election.odown_since().is_some() {
+            self.machine_input(now, Input::MasterDown);
+        }
     }
 
     pub(super) fn machine_input(&mut self, now: Instant, input: Input) {
@@ -277,16 +309,13 @@ impl Group {
                 Action::Promote { candidate, flush } => {
                     let flavour = self.flavour_of(&candidate);
                     tracing::info!(group = %self.cfg.name, %candidate, flush, "promoting");
-                    let run_id = self
-                        .failover
-                        .as_ref()
-                        .and_then(|r| r.candidate_run_id.clone());
+                    let chosen = self.failover.as_ref().and_then(|r| r.candidate.clone());
                     self.effects.run(Work::Promote {
                         epoch,
                         candidate,
                         flavour,
                         flush,
-                        run_id,
+                        chosen,
                     });
                 }
                 Action::Switchover {
@@ -337,10 +366,13 @@ impl Group {
                     // until its REPLICAOF NO ONE has begun, which this
                     // re-point may overtake; retried until then, within the
                     // time the promotion itself is given.
-                    let retry_for = if beside_promotion {
-                        crate::failover::ops::PROMOTE_ROLE_WAIT.min(deadline)
+                    let (retry_for, master_chosen) = if beside_promotion {
+                        (
+                            crate::failover::ops::PROMOTE_ROLE_WAIT.min(deadline),
+                            self.failover.as_ref().and_then(|r| r.candidate.clone()),
+                        )
                     } else {
-                        Duration::ZERO
+                        (Duration::ZERO, None)
                     };
                     self.effects.run(Work::Repoint {
                         epoch: Some(epoch),
@@ -348,6 +380,7 @@ impl Group {
                         flavour,
                         master,
                         retry_for,
+                        master_chosen,
                     });
                 }
                 Action::Finished(outcome) => self.finish_failover(outcome),

@@ -188,9 +188,9 @@ struct PendingSwitchover {
 struct Running {
     machine: Failover,
     started: Instant,
-    /// The candidate's `run_id` when the failover started (what its
-    /// promotion checks).
-    candidate_run_id: Option<String>,
+    /// The candidate's identity when the failover started (what its
+    /// promotion, and the re-points sent beside it, check).
+    candidate: Option<crate::probe::reboot::Identity>,
     /// The old master's `master_replid` when the failover started: a
     /// switchover's command goes only to the server still in that
     /// history (`Work::Switchover`).
@@ -792,6 +792,7 @@ impl Group {
         self.try_pending_switchover(now);
         self.observe_tick(now);
         self.step_election(now, |e, o| e.tick(o));
+        self.switchover_master_gone(now);
         if self.failover.is_some() {
             self.machine_input(now, Input::Tick);
         }

@@ -1101,8 +1101,12 @@ impl Group {
             self.ctx.hello_now.notify_one();
             if t == Transition::Down {
                 self.election.master_went_down();
-                let now = self.now;
-                self.machine_input(now, crate::failover::machine::Input::MasterDown);
+                // A switchover's old master is judged at the tick
+                // (`Group::switchover_master_gone`).
+                if !self.switching_over() {
+                    let now = self.now;
+                    self.machine_input(now, crate::failover::machine::Input::MasterDown);
+                }
             }
         }
     }

@@ -390,6 +390,7 @@ impl Group {
                 flavour,
                 master,
                 retry_for: Duration::ZERO,
+                master_chosen: None,
             });
         }
     }

@@ -41,6 +41,7 @@ use crate::discovery::runner::DiscoveryRunner;
 use crate::events::Events;
 use crate::failover::machine::Input;
 use crate::probe::info::{Role, parse_info};
+use crate::probe::reboot::Identity;
 use crate::probe::{Failure, ProbeEvent};
 use crate::quorum::election::Replicas;
 use crate::quorum::peers::{Hello, IsDownReply};
@@ -733,17 +734,17 @@ impl Sim {
                 epoch,
                 candidate,
                 flush,
-                run_id,
+                chosen,
                 ..
             } => {
                 self.note(i, format!("promote {candidate} at {epoch}"));
                 self.check_promotion(i, epoch, &candidate);
+                let restarted = self.restarted_since(&candidate, chosen.as_ref());
                 if self.dragonfly(&candidate) {
-                    return self.df_promote(i, epoch, &candidate, flush);
+                    return self.df_promote(i, epoch, &candidate, flush, restarted);
                 }
                 let reached = self.reaches(i, &candidate);
-                let restarted = run_id
-                    .is_some_and(|r| self.servers.get(&candidate).is_some_and(|s| s.run_id != r));
+                let restarted = restarted.is_some();
                 let refused = self.failing_over(&candidate);
                 if reached && !restarted && !refused {
                     let ms = self.ms;
@@ -842,10 +843,26 @@ impl Sim {
                 replica,
                 master,
                 retry_for,
+                master_chosen,
                 ..
             } => {
                 self.note(i, format!("repoint {replica} to {master}"));
                 self.check_routed_kept(i, &replica, "re-pointed");
+                if master_chosen.is_some() {
+                    let why = if self.reaches(i, &master) {
+                        self.restarted_since(&master, master_chosen.as_ref())
+                            .map(|why| format!("{master} restarted since it was chosen ({why})"))
+                    } else {
+                        Some(format!("{master} unreachable"))
+                    };
+                    if let Some(why) = why {
+                        let e = crate::failover::CommandFailed(format!(
+                            "{replica} not re-pointed: {why}"
+                        ));
+                        return epoch
+                            .map(|e2| Internal::Failover(e2, Input::RepointSent(replica, Err(e))));
+                    }
+                }
                 if self.dragonfly(&replica) {
                     let retry_for = retry_for.as_millis() as u64;
                     return self.df_repoint(i, epoch, replica, master, retry_for);
@@ -920,6 +937,14 @@ impl Sim {
     /// Whether server `a` is a Dragonfly (`dragonfly.rs`).
     fn dragonfly(&self, a: &Addr) -> bool {
         self.servers.get(a).is_some_and(|s| s.dragonfly)
+    }
+
+    /// Why `a` is no longer the process `chosen`, read from its INFO as
+    /// the daemon's check reads it (`InstanceOps::promote`).
+    fn restarted_since(&self, a: &Addr, chosen: Option<&Identity>) -> Option<String> {
+        let s = self.servers.get(a)?;
+        let now = Identity::of(&parse_info(&self.servers.info(s, self.ms)));
+        chosen.and_then(|c| c.changed(&now))
     }
 
     /// `a` runs a `FAILOVER` (`ops.rs`): Redis refuses `REPLICAOF`, `NO
@@ -1932,6 +1957,41 @@ async fn seeded_faults_keep_every_invariant() {
         failing.is_empty(),
         "seeds {failing:?} broke an invariant (above)"
     );
+}
+
+/// A replica is chosen only on an INFO read on its current connection:
+/// what it said before the connection was lost may be a process that
+/// has died since (a Dragonfly replica, which has no `run_id` for the
+/// promotion to check, restarted with less and was chosen on its old
+/// INFO: the simulation on Dragonfly, seed 346).
+#[tokio::test]
+async fn a_replica_is_chosen_only_on_what_it_said_since_it_reconnected() {
+    let mut sim = Sim::new(3, 2, 16);
+    sim.run_for(3_000).await;
+    let now = sim.now();
+    let eligible = |sim: &Sim, a: u16| {
+        let g = &sim.daemons[0].g;
+        super::election::ReplicaSet::new(
+            &g.instances,
+            &g.master,
+            g.following_elsewhere(),
+            &g.cfg,
+            now,
+        )
+        .eligible(&addr(a))
+    };
+    // Its last INFO half a second old: recent enough.
+    let read = now - Duration::from_millis(500);
+    if let Some(i) = sim.daemons[0].g.instances.get_mut(&addr(7001)) {
+        i.info_at = Some(read);
+    }
+    assert!(eligible(&sim, 7001) && eligible(&sim, 7002));
+    // Its probe reconnected since, and no INFO came on that connection.
+    if let Some(i) = sim.daemons[0].g.instances.get_mut(&addr(7001)) {
+        i.connected_at = Some(read + Duration::from_millis(1));
+    }
+    assert!(!eligible(&sim, 7001));
+    assert!(eligible(&sim, 7002));
 }
 
 #[tokio::test]

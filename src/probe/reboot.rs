@@ -52,6 +52,52 @@ pub fn restarted(before: &InfoSnapshot, after: &InfoSnapshot, between: Duration)
     None
 }
 
+/// What tells a process from one started since at the same address, as
+/// read when it was chosen (a failover's candidate): `run_id` on Redis and
+/// Valkey; `uptime_in_seconds` on Dragonfly, which has no `run_id` (its
+/// replicas show their master's `master_replid`, and a promotion draws
+/// none, so the replication id cannot tell).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Identity {
+    /// `run_id`, where the server has one.
+    pub run_id: Option<String>,
+    /// `uptime_in_seconds` at its last full read.
+    pub uptime_secs: Option<u64>,
+}
+
+impl Identity {
+    /// The identity `info` shows.
+    pub fn of(info: &InfoSnapshot) -> Identity {
+        Identity {
+            run_id: info.run_id.clone(),
+            uptime_secs: info.uptime_secs,
+        }
+    }
+
+    /// Whether the identity says anything (a check is worth a round trip).
+    pub fn known(&self) -> bool {
+        self.run_id.is_some() || self.uptime_secs.is_some()
+    }
+
+    /// Why `now`, read later, is another process, if it is. The uptime
+    /// only grows in one process: read in whole seconds, a restart within
+    /// the first two seconds of the process chosen does not show.
+    pub fn changed(&self, now: &Identity) -> Option<String> {
+        if let Some(a) = &self.run_id {
+            return (now.run_id.as_ref() != Some(a)).then(|| {
+                format!(
+                    "run_id {a} -> {}",
+                    now.run_id.as_deref().unwrap_or("unknown")
+                )
+            });
+        }
+        match (self.uptime_secs, now.uptime_secs) {
+            (Some(a), Some(b)) if b + 1 < a => Some(format!("uptime_in_seconds {a} -> {b}")),
+            _ => None,
+        }
+    }
+}
+
 /// What a replica held when it was last read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holding {
@@ -159,6 +205,25 @@ mod tests {
             offset: Some(offset),
             keys: Some(keys),
         }
+    }
+
+    #[test]
+    fn a_chosen_process_is_told_from_one_started_since() {
+        let id = |run_id: Option<&str>, up: u64| Identity {
+            run_id: run_id.map(str::to_owned),
+            uptime_secs: Some(up),
+        };
+        // Redis: the run_id decides, whatever the uptime.
+        assert_eq!(id(Some("a"), 50).changed(&id(Some("a"), 0)), None);
+        assert!(id(Some("a"), 0).changed(&id(Some("b"), 90)).is_some());
+        assert!(id(Some("a"), 0).changed(&id(None, 90)).is_some());
+        // Dragonfly: the uptime went back, beyond the rounding.
+        assert_eq!(id(None, 50).changed(&id(None, 57)), None);
+        assert_eq!(id(None, 50).changed(&id(None, 49)), None);
+        let why = id(None, 50).changed(&id(None, 0)).expect("a restart");
+        assert!(why.contains("uptime_in_seconds 50 -> 0"), "{why}");
+        assert_eq!(id(None, 1).changed(&id(None, 0)), None);
+        assert!(!Identity::default().known());
     }
 
     #[test]

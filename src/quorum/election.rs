@@ -487,7 +487,17 @@ impl Election {
     /// Time passed (the group's tick, or [`Election::deadline`]).
     pub fn tick(&mut self, o: &Observation<'_>) -> Vec<Action> {
         let mut out = Vec::new();
-        if o.master_sdown && !o.tilt && !matches!(self.stage, Stage::FailingOver { .. }) {
+        // A switchover's leader asks too: its fallback to an unplanned
+        // promotion waits for ODOWN when only silence shows the old
+        // master gone (`Group::switchover_master_gone`).
+        let failing_over = matches!(
+            self.stage,
+            Stage::FailingOver {
+                kind: Kind::Unplanned,
+                ..
+            }
+        );
+        if o.master_sdown && !o.tilt && !failing_over {
             let due = self
                 .last_ask
                 .is_none_or(|t| o.now.saturating_duration_since(t) >= self.settings.ask_period());

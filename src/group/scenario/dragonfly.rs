@@ -268,11 +268,17 @@ impl Sim {
         epoch: u64,
         candidate: &Addr,
         flush: bool,
+        restarted: Option<String>,
     ) -> Option<Internal> {
         let done = |r| Some(Internal::Failover(epoch, Input::Promoted(r)));
         if !self.reaches(i, candidate) {
             return done(Err(PromoteError::Promotion(format!(
                 "{candidate}: unreachable"
+            ))));
+        }
+        if let Some(why) = restarted {
+            return done(Err(PromoteError::CandidateRestarted(format!(
+                "{candidate}: {why}"
             ))));
         }
         if self.failing_over(candidate) {
@@ -536,8 +542,13 @@ impl Sim {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::super::addr;
     use super::*;
+    use crate::group::effects::Work;
+    use crate::probe::info::parse_info;
+    use crate::probe::reboot::Identity;
 
     /// Three daemons (quorum 2) watching Dragonfly servers.
     fn dragonfly_sim(seed: u64, break_replication: bool) -> Sim {
@@ -656,6 +667,82 @@ mod tests {
         sim.assert_followed(7001, &[7000, 7002]);
         assert_eq!(sim.routing, (1, Some(new)));
         sim.assert_no_violation();
+    }
+
+    /// A candidate restarted (empty, a master of its own) after it was
+    /// chosen: neither promoted nor copied through a re-point sent beside
+    /// its promotion. Dragonfly has no `run_id`: its uptime tells.
+    #[tokio::test]
+    async fn a_dragonfly_candidate_restarted_since_it_was_chosen_is_neither_promoted_nor_copied() {
+        let mut sim = dragonfly_sim(15, true);
+        sim.run_for(3_000).await;
+        for i in 0..3 {
+            sim.crash(i);
+        }
+        let (cand, other) = (addr(7001), addr(7002));
+        let chosen = sim
+            .servers
+            .get(&cand)
+            .map(|s| Identity::of(&parse_info(&sim.servers.info(s, sim.ms))));
+        assert!(chosen.as_ref().is_some_and(|c| c.uptime_secs >= Some(2)));
+        let held = offset(&sim, 7002);
+        let ms = sim.ms;
+        let before = sim.servers.get_mut(&cand).restart_empty(ms);
+        sim.mark_emptied(&cand, &before);
+        sim.run_for(100).await;
+        let repoint = |master_chosen| Work::Repoint {
+            epoch: Some(1),
+            replica: other.clone(),
+            flavour: crate::probe::Flavour::Dragonfly,
+            master: cand.clone(),
+            retry_for: Duration::from_millis(500),
+            master_chosen,
+        };
+        let r = sim.carry_out(0, repoint(chosen.clone())).await;
+        assert!(
+            matches!(&r, Some(Internal::Failover(_, Input::RepointSent(_, Err(e)))) if e.0.contains("restarted since it was chosen")),
+            "{r:?}"
+        );
+        let promote = Work::Promote {
+            epoch: 1,
+            candidate: cand.clone(),
+            flavour: crate::probe::Flavour::Dragonfly,
+            flush: false,
+            chosen: chosen.clone(),
+        };
+        let r = sim.carry_out(0, promote).await;
+        assert!(
+            matches!(
+                r,
+                Some(Internal::Failover(
+                    _,
+                    Input::Promoted(Err(PromoteError::CandidateRestarted(_)))
+                ))
+            ),
+            "{r:?}"
+        );
+        sim.run_for(1_000).await;
+        assert_eq!(
+            sim.servers.get(&other).and_then(|s| s.master.clone()),
+            Some(addr(7000))
+        );
+        assert!(offset(&sim, 7002) >= held);
+        // Unchecked, the same re-point goes through: the check is what
+        // keeps the replica off the restarted server.
+        let r = sim.carry_out(0, repoint(None)).await;
+        assert!(
+            r.is_none()
+                || matches!(
+                    r,
+                    Some(Internal::Failover(_, Input::RepointSent(_, Ok(()))))
+                ),
+            "{r:?}"
+        );
+        sim.run_for(1_000).await;
+        assert_eq!(
+            sim.servers.get(&other).and_then(|s| s.master.clone()),
+            Some(cand)
+        );
     }
 
     /// Dragonfly refuses a replica of a replica and leaves the replica's

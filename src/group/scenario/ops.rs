@@ -634,7 +634,7 @@ mod tests {
                 candidate: addr(7000),
                 flavour: crate::probe::Flavour::Redis,
                 flush: false,
-                run_id: None,
+                chosen: None,
             },
         ] {
             let r = sim.carry_out(0, w).await;

@@ -412,6 +412,10 @@ mod tests {
             // empty, which found the new process on record (21783).
             (20198, cuts, false),
             (21783, cuts, false),
+            // A switchover's leader back from its own isolation took the
+            // old master's silence for its death and promoted the
+            // candidate unplanned (22407).
+            (22407, Some(NetFaults::all()), true),
         ] {
             replays_clean(Run {
                 seed,
@@ -423,6 +427,31 @@ mod tests {
                 switchovers,
                 dragonfly: false,
                 break_replication: false,
+            })
+            .await;
+        }
+    }
+
+    /// Seeds found on Dragonfly with `--break_replication_on_master_restart`
+    /// and every fault: a candidate restarted with less, chosen on the
+    /// INFO of its previous process, copied through the re-point sent
+    /// beside its promotion (346, 1389).
+    #[tokio::test]
+    async fn the_dragonfly_seeds_fixed_since_keep_every_invariant() {
+        for seed in [346, 1389] {
+            replays_clean(Run {
+                seed,
+                daemons: 3,
+                faults: 20,
+                net: Some(NetFaults {
+                    server_cuts: true,
+                    ..NetFaults::all()
+                }),
+                ops: true,
+                service: true,
+                switchovers: false,
+                dragonfly: true,
+                break_replication: true,
             })
             .await;
         }
