@@ -436,7 +436,37 @@ impl Sim {
                 k += 1;
             }
         }
-        due.sort_by_key(|p| !matches!(p.what, Later::Promotion { .. }));
+        // In the order the commands reached the servers (Dragonfly runs
+        // `REPLICAOF` commands to one server one after the other), except
+        // that a replica greets a master whose promotion answers at the
+        // same moment after it. Promotions first, before: a `REPLICAOF`
+        // sent to a server before another daemon's `REPLICAOF NO ONE` was
+        // applied after it, and left a replica the master that the newer
+        // epoch had just promoted (the simulation on Dragonfly, seed 45).
+        due.sort_by_key(|p| p.at);
+        let promoted: Vec<(Addr, usize)> = due
+            .iter()
+            .enumerate()
+            .filter_map(|(k, p)| match &p.what {
+                Later::Promotion { candidate, .. } => Some((candidate.clone(), k)),
+                _ => None,
+            })
+            .collect();
+        let mut keyed: Vec<(usize, Pending)> = due
+            .into_iter()
+            .enumerate()
+            .map(|(k, p)| {
+                let after = match &p.what {
+                    Later::Greets { master, .. } => {
+                        promoted.iter().find(|(c, _)| c == master).map(|(_, j)| *j)
+                    }
+                    _ => None,
+                };
+                (after.map_or(2 * k, |j| 2 * k.max(j) + 1), p)
+            })
+            .collect();
+        keyed.sort_by_key(|(key, _)| *key);
+        let due = keyed.into_iter().map(|(_, p)| p);
         for p in due {
             let result = match p.what {
                 Later::Promotion {

@@ -432,21 +432,24 @@ mod tests {
         }
     }
 
-    /// Seeds found on Dragonfly with `--break_replication_on_master_restart`
-    /// and every fault: a candidate restarted with less, chosen on the
+    /// Seeds found on Dragonfly with `--break_replication_on_master_restart`:
+    /// with every fault, a candidate restarted with less, chosen on the
     /// INFO of its previous process, copied through the re-point sent
-    /// beside its promotion (346, 1389).
+    /// beside its promotion (346, 1389); two leaders a round apart, the
+    /// older one's re-point beside its promotion made the newer master a
+    /// replica (45 without the network's faults, 2503 with them).
     #[tokio::test]
     async fn the_dragonfly_seeds_fixed_since_keep_every_invariant() {
-        for seed in [346, 1389] {
+        let cuts = Some(NetFaults {
+            server_cuts: true,
+            ..NetFaults::all()
+        });
+        for (seed, net) in [(346, cuts), (1389, cuts), (45, None), (2503, cuts)] {
             replays_clean(Run {
                 seed,
                 daemons: 3,
                 faults: 20,
-                net: Some(NetFaults {
-                    server_cuts: true,
-                    ..NetFaults::all()
-                }),
+                net,
                 ops: true,
                 service: true,
                 switchovers: false,
