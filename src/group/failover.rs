@@ -63,11 +63,15 @@ impl Group {
         self.run_failover_actions(actions);
     }
 
-    /// Whether a planned switchover runs.
+    /// Whether a planned switchover runs and its old master is still the
+    /// one handing over (before the promotion: after it, the master
+    /// watched is the new one, whose SDOWN ends the failover as an
+    /// unplanned one's does).
     pub(super) fn switching_over(&self) -> bool {
-        self.failover
-            .as_ref()
-            .is_some_and(|r| r.machine.kind == Kind::Switchover)
+        self.failover.as_ref().is_some_and(|r| {
+            r.machine.kind == Kind::Switchover
+                && matches!(r.machine.phase(), Phase::Fencing | Phase::Promoting)
+        })
     }
 
     /// A switchover whose old master is gone becomes unplanned
