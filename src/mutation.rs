@@ -25,6 +25,10 @@ pub enum Mutation {
     /// old master hand over once the candidate has its writes (invariant
     /// 7).
     SwitchoverWithoutHandover,
+    /// Lower the isolation fence to the replicas seen linked to the
+    /// master instead of those seen up: a master cut off from live
+    /// replicas is unfenced (invariant 15).
+    FenceOnLinkedReplicas,
 }
 
 #[cfg(test)]

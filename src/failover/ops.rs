@@ -442,7 +442,9 @@ impl InstanceOps {
 
     /// Make `min-replicas-to-write` of `addr` `to_write` and, when
     /// `max_lag` is given, `min-replicas-max-lag` that many seconds; only
-    /// what differs is set. Returns the values found before.
+    /// what differs is set, and a threshold found above `to_write` but no
+    /// higher than `keep` is left as it is (raised by another daemon: see
+    /// `FenceState::found`). Returns the values found before.
     ///
     /// The lag is set before the threshold, so that a raised threshold
     /// never applies with another lag than the one configured.
@@ -451,6 +453,7 @@ impl InstanceOps {
         addr: &Addr,
         to_write: u32,
         max_lag: Option<u64>,
+        keep: u32,
     ) -> Result<(u32, u64), RespError> {
         let mut c = Connection::connect(&addr.to_string(), &self.client).await?;
         let before = Self::read_min_replicas(&mut c, addr).await?;
@@ -460,7 +463,8 @@ impl InstanceOps {
             c.call(["CONFIG", "SET", "min-replicas-max-lag", &lag.to_string()])
                 .await?;
         }
-        if before.0 != to_write {
+        let kept = before.0 > to_write && before.0 <= keep;
+        if before.0 != to_write && !kept {
             c.call([
                 "CONFIG",
                 "SET",

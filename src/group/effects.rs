@@ -154,8 +154,15 @@ pub(super) enum Work {
         /// Earlier refusals of the same release.
         refused: u32,
     },
-    /// Keep the isolation fence on the master.
-    SetFence { master: Addr, target: u32, lag: u64 },
+    /// Keep the isolation fence on the master: `target`, unless it holds
+    /// more, up to `keep` (what the replicas seen up justify), which
+    /// stays.
+    SetFence {
+        master: Addr,
+        target: u32,
+        lag: u64,
+        keep: u32,
+    },
     /// `min-replicas-to-write 0` on a replica (`run_id`: the replica's, so
     /// that a restart is cleared again).
     ClearFence { addr: Addr, run_id: Option<String> },
@@ -225,6 +232,7 @@ pub(super) enum Internal {
     FenceSet {
         master: Addr,
         target: u32,
+        keep: u32,
         lag: u64,
         at: Instant,
         result: Result<(u32, u64), RespError>,
@@ -602,11 +610,13 @@ impl Io {
                 master,
                 target,
                 lag,
+                keep,
             } => {
-                let result = ops.set_min_replicas(&master, target, Some(lag)).await;
+                let result = ops.set_min_replicas(&master, target, Some(lag), keep).await;
                 Some(Internal::FenceSet {
                     master,
                     target,
+                    keep,
                     lag,
                     at: Instant::now(),
                     result,
@@ -614,7 +624,7 @@ impl Io {
             }
             Work::ClearFence { addr, run_id } => {
                 let result = ops
-                    .set_min_replicas(&addr, 0, None)
+                    .set_min_replicas(&addr, 0, None, 0)
                     .await
                     .map(|(before, _)| before);
                 Some(Internal::FenceCleared {

@@ -694,10 +694,11 @@ impl Group {
             Internal::FenceSet {
                 master,
                 target,
+                keep,
                 lag,
                 at,
                 result,
-            } => self.on_fence_set(master, target, lag, at, result),
+            } => self.on_fence_set(master, (target, keep), lag, at, result),
             Internal::FenceCleared {
                 addr,
                 run_id,

@@ -52,6 +52,7 @@ use crate::tilt::Tilt;
 
 mod clients;
 mod dragonfly;
+mod fence;
 mod net;
 mod ops;
 pub(crate) mod run;
@@ -129,6 +130,21 @@ struct Server {
     /// Dragonfly: exited after a `REPLTAKEOVER`; its supervisor starts it
     /// again, empty, then (virtual ms).
     restart_at: Option<u64>,
+    /// `min-replicas-to-write` (`fence.rs`): 0, Redis' default, until a
+    /// `CONFIG SET`, which a restart forgets.
+    min_replicas: u32,
+    /// `min-replicas-max-lag`, in seconds (Redis' default: 10).
+    max_lag_s: u64,
+    /// A replica: when its last `REPLCONF ACK` reached its master.
+    acked_ms: u64,
+    /// A master: its replicas whose last acknowledgement is no older than
+    /// `max_lag_s`, counted at its last replication cron.
+    good_replicas: u32,
+    /// Its replication links are cut (`fence.rs`): it neither copies nor
+    /// is copied, and no acknowledgement crosses.
+    links_cut: bool,
+    /// How many times its process started again (`fence.rs`).
+    generation: u32,
 }
 
 impl Server {
@@ -155,6 +171,7 @@ impl Server {
         self.offset = 0;
         self.run_id = format!("{ms:040}");
         self.replid2 = None;
+        self.forget_settings();
         self.dragonfly_started(ms);
         std::mem::replace(&mut self.replid, format!("{:040}", ms + 1))
     }
@@ -193,10 +210,16 @@ impl Servers {
     /// shows its link down until the copy, which is instantaneous here).
     fn linked(&self, s: &Server) -> bool {
         s.sync_due.is_none()
+            && !s.links_cut
             && s.master
                 .as_ref()
                 .and_then(|m| self.get(m))
-                .is_some_and(|m| m.alive && m.master.is_none() && m.continues(&s.replid, s.offset))
+                .is_some_and(|m| {
+                    m.alive
+                        && !m.links_cut
+                        && m.master.is_none()
+                        && m.continues(&s.replid, s.offset)
+                })
     }
 
     /// What `INFO` answers on `s` at `ms`.
@@ -254,7 +277,7 @@ impl Servers {
         for s in self
             .0
             .iter_mut()
-            .filter(|s| s.serving(ms) && s.master.is_none() && s.failing_over_to.is_none())
+            .filter(|s| s.takes_writes(ms) && s.failing_over_to.is_none())
         {
             s.offset += 1;
         }
@@ -270,6 +293,9 @@ impl Servers {
                 s.full_sync_at = None;
                 continue;
             };
+            if s.links_cut || m.links_cut {
+                continue;
+            }
             if s.dragonfly && (s.sync_due.is_some() || !m.continues(&s.replid, s.offset)) {
                 // Reconnections and copies are `dragonfly_links`'s.
                 s.sync_due.get_or_insert(ms);
@@ -376,6 +402,16 @@ struct Sim {
     /// A daemon that has just voted is killed and restarted from its
     /// state file (as `kill -9` and a supervisor would), half the time.
     crash_after_vote: bool,
+    /// A leader whose promotion has just answered exits before it learns
+    /// so (the daemon's `crash-after-promotion`): it neither publishes nor
+    /// re-points, and the others must finish its failover.
+    crash_after_promotion: bool,
+    /// Isolation fencing's configured `(min_replicas, max_lag)` (seconds)
+    /// in a schedule that cuts masters' replication links (`fence.rs`,
+    /// invariant 15); `None`: not configured.
+    fencing: Option<(u32, u64)>,
+    /// Masters whose replication links are cut (`fence.rs`).
+    link_cuts: BTreeMap<Addr, fence::LinkCut>,
     violations: Vec<String>,
     /// Delays, duplicates, one-way cuts and stalls (`net.rs`; off: every
     /// message arrives at once).
@@ -433,6 +469,12 @@ impl Sim {
             break_replication: false,
             asked: false,
             restart_at: None,
+            min_replicas: 0,
+            max_lag_s: 10,
+            acked_ms: 0,
+            good_replicas: 0,
+            links_cut: false,
+            generation: 0,
         };
         let mut sim = Sim {
             daemons: Vec::new(),
@@ -460,6 +502,9 @@ impl Sim {
             led: HashSet::new(),
             selected: HashSet::new(),
             crash_after_vote: false,
+            crash_after_promotion: false,
+            fencing: None,
+            link_cuts: BTreeMap::new(),
             violations: Vec::new(),
             net: net::Net::off(),
             group_extra: extra.to_string(),
@@ -623,6 +668,11 @@ impl Sim {
             for w in work {
                 if let Some(result) = self.carry_out(i, w).await {
                     if let Internal::Failover(epoch, Input::Promoted(Ok(()))) = &result {
+                        if self.crash_after_promotion {
+                            self.note(i, format!("fault: crash daemon {i} after its promotion"));
+                            self.crash(i);
+                            return;
+                        }
                         self.promoted.insert((i, *epoch));
                     }
                     let voted = matches!(result, Internal::Voted { .. });
@@ -761,6 +811,19 @@ impl Sim {
                 } else if reached && flush && self.servers.get_mut(&candidate).misconf {
                     Err(crate::failover::machine::PromoteError::Flush(format!(
                         "{candidate}: MISCONF Errors writing to the AOF file"
+                    )))
+                } else if reached
+                    && flush
+                    && self
+                        .servers
+                        .get(&candidate)
+                        .is_some_and(|s| !s.takes_writes(self.ms))
+                {
+                    // `FLUSHALL` is a write: a promoted server that kept
+                    // `min-replicas-to-write` has no replica yet.
+                    Err(crate::failover::machine::PromoteError::Flush(format!(
+                        "{candidate}: {}",
+                        fence::NOREPLICAS
                     )))
                 } else if reached {
                     Ok(())
@@ -926,6 +989,31 @@ impl Sim {
                 let s = self.servers.get_mut(&target);
                 s.paused_until = s.paused_until.max(from + pause.as_millis() as u64);
                 None
+            }
+            Work::SetFence {
+                master,
+                target,
+                lag,
+                keep,
+            } => {
+                let result = self.set_min_replicas(i, &master, target, Some(lag), keep);
+                Some(Internal::FenceSet {
+                    master,
+                    target,
+                    keep,
+                    lag,
+                    at: self.now(),
+                    result,
+                })
+            }
+            Work::ClearFence { addr, run_id } => {
+                let result = self.set_min_replicas(i, &addr, 0, None, 0).map(|(b, _)| b);
+                Some(Internal::FenceCleared {
+                    addr,
+                    run_id,
+                    at: self.now(),
+                    result,
+                })
             }
             other => {
                 self.note(i, format!("{other:?}"));
@@ -1243,6 +1331,7 @@ impl Sim {
                 // the price of a failover to the only server left).
                 // The clients' bookkeeping only where invariant 7 is
                 // checked: it is not needed anywhere else.
+                self.servers.replication_cron(self.ms);
                 let checked = self.clients.checked;
                 if checked {
                     self.clients.before_writes(&mut self.servers, self.ms);
@@ -1257,6 +1346,7 @@ impl Sim {
                         .after_writes(&self.servers, target.as_ref(), self.ms);
                 }
                 self.check_copies(lost);
+                self.check_link_cuts();
             }
             if self.servers.0.iter().any(|s| s.dragonfly) {
                 self.step_dragonfly().await;
@@ -1417,6 +1507,14 @@ impl Sim {
         }
     }
 
+    /// The trace's entries that start with `what`: `(ms, daemon, what)`.
+    #[cfg(test)]
+    fn entries<'a>(&'a self, what: &'a str) -> impl Iterator<Item = &'a (u64, usize, String)> {
+        self.trace
+            .iter()
+            .filter(move |(_, _, w)| w.starts_with(what))
+    }
+
     /// The position in the trace of the first entry starting with `what`
     /// (a failure when there is none).
     #[cfg(test)]
@@ -1560,6 +1658,9 @@ impl Sim {
                         self.note(n, format!("fault: restart {a} empty={empty}"));
                     }
                 }
+                4 if self.fencing.is_some() && self.rng.random_bool(0.7) => {
+                    self.cut_links_of_master();
+                }
                 4 => {
                     let i = self.rng.random_range(0..n);
                     for j in (0..n).filter(|j| *j != i) {
@@ -1580,6 +1681,13 @@ impl Sim {
                 _ => {
                     self.cut_daemons.clear();
                     self.cut_server.clear();
+                    // A cut of the replication links outlasts half the
+                    // heals: the daemons read healthy replicas only every
+                    // few seconds, and a fence wrongly lowered shows only
+                    // after that.
+                    if self.fencing.is_none() || self.rng.random_bool(0.5) {
+                        self.heal_links();
+                    }
                     for i in 0..n {
                         if !self.daemons[i].up {
                             self.restart(i);
@@ -1598,6 +1706,7 @@ impl Sim {
         // Heal everything and give the group time to settle.
         self.cut_daemons.clear();
         self.cut_server.clear();
+        self.heal_links();
         for i in 0..self.daemons.len() {
             if !self.daemons[i].up {
                 self.restart(i);
@@ -1629,6 +1738,7 @@ impl Sim {
                 // failover aborted after fencing) is an outage that lasts
                 // until the next failover, which never comes.
                 self.check_acknowledged(&format!("settled on {m}"), &m);
+                self.check_settled_fence(&m);
                 if self.routing.1.as_ref() != Some(&m) {
                     self.violations.push(format!(
                         "settled on {m}, but the backend routes to {:?} at epoch {}",
@@ -1830,6 +1940,168 @@ async fn a_daemon_cut_off_from_the_others_never_fails_over_alone() {
     for d in &sim.daemons {
         assert_eq!(d.g.master, addr(7000));
     }
+    sim.assert_no_violation();
+}
+
+/// Daemon 0 cut off from the two others, both ways, and the master
+/// killed: the majority fails over; daemon 0, which sees the master down
+/// as well, never goes beyond SDOWN, says why, and adopts the majority's
+/// master and epoch once it hears them again (the daemons' hellos carry
+/// the config, as Sentinel's do).
+#[tokio::test]
+async fn an_isolated_daemon_never_fails_over_and_adopts_the_majority_config_after_healing() {
+    let mut sim = Sim::new(3, 2, 5);
+    sim.run_for(3_000).await;
+    for j in [1, 2] {
+        sim.cut_daemons.insert((0, j));
+    }
+    sim.run_for(2_000).await;
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    for _ in 0..80 {
+        sim.run_for(100).await;
+        let v = &sim.daemons[0].g.view;
+        assert!(!v.master_odown, "{v:?}");
+        assert!(v.failover.is_none(), "{v:?}");
+        assert_eq!(v.master, addr(7000), "{:#?}", sim.trace);
+    }
+    let new = sim.daemons[1].g.master.clone();
+    let epoch = sim.daemons[1].g.config_epoch;
+    assert_ne!(
+        new,
+        addr(7000),
+        "the majority failed over: {:#?}",
+        sim.trace
+    );
+    assert_eq!(sim.daemons[2].g.master, new);
+    let v = &sim.daemons[0].g.view;
+    assert!(v.master_sdown, "{v:?}");
+    assert_eq!(v.config_epoch, 0);
+    assert!(
+        v.reason.as_deref().is_some_and(|r| r.contains("quorum")),
+        "{:?}",
+        v.reason
+    );
+    let acted = |w: &str| {
+        ["promote", "fence", "demote", "repoint"]
+            .iter()
+            .any(|a| w.starts_with(a))
+    };
+    assert!(
+        !sim.trace.iter().any(|(_, i, w)| *i == 0 && acted(w)),
+        "{:#?}",
+        sim.trace
+    );
+    sim.cut_daemons.clear();
+    sim.run_for(3_000).await;
+    let g = &sim.daemons[0].g;
+    assert_eq!(
+        (&g.master, g.config_epoch),
+        (&new, epoch),
+        "{:#?}",
+        sim.trace
+    );
+    assert!(
+        g.view
+            .last_failover
+            .as_ref()
+            .is_some_and(|l| l.outcome == super::view::FailoverOutcome::Observed),
+        "{:?}",
+        g.view.last_failover
+    );
+    assert_eq!(sim.entries("promote").count(), 1, "{:#?}", sim.trace);
+    sim.assert_no_violation();
+}
+
+/// The leader exits as soon as its promotion has answered, before it
+/// publishes or re-points anything (the daemon's
+/// `crash-after-promotion`): the two others finish the failover with the
+/// replica it promoted, which they find reporting `role:master` with the
+/// epoch announced in the votes, and never promote the other replica.
+#[tokio::test]
+async fn a_leader_killed_after_its_promotion_is_succeeded_without_a_second_promotion() {
+    let mut sim = Sim::new(3, 2, 7);
+    sim.run_for(3_000).await;
+    sim.crash_after_promotion = true;
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    for _ in 0..100 {
+        sim.run_for(100).await;
+        if sim.daemons.iter().any(|d| !d.up) {
+            break;
+        }
+    }
+    sim.crash_after_promotion = false;
+    let crashed = sim.at("fault: crash daemon");
+    let leader = sim.trace[crashed].1;
+    let promoted: Vec<Addr> = [7001, 7002]
+        .into_iter()
+        .map(addr)
+        .filter(|a| sim.servers.get(a).is_some_and(|s| s.master.is_none()))
+        .collect();
+    assert_eq!(promoted.len(), 1, "{:#?}", sim.trace);
+    let first = promoted[0].clone();
+    let other = if first == addr(7001) {
+        addr(7002)
+    } else {
+        addr(7001)
+    };
+    for _ in 0..300 {
+        sim.run_for(100).await;
+        let o = sim.servers.get(&other).and_then(|s| s.master.clone());
+        assert!(
+            o.is_some(),
+            "a second replica was promoted: {:#?}",
+            sim.trace
+        );
+    }
+    for (i, d) in sim.daemons.iter().enumerate().filter(|(i, _)| *i != leader) {
+        assert_eq!(d.g.master, first, "daemon {i}: {:#?}", sim.trace);
+        assert!(d.g.config_epoch > 0);
+    }
+    sim.assert_followed(first.port, &[other.port]);
+    assert!(
+        sim.entries("promote")
+            .all(|(_, _, w)| w.contains(&first.to_string())),
+        "{:#?}",
+        sim.trace
+    );
+    sim.assert_no_violation();
+}
+
+/// A replica that reports `role:master` while the daemons see their
+/// master down is most likely one a leader has just promoted, its config
+/// still on the way (Sentinel's "master looks sane" rule): it is not
+/// demoted to the dead master. Two of three daemons run, with quorum 3,
+/// so nothing fails over and nothing but this rule decides.
+#[tokio::test]
+async fn a_replica_promoted_while_the_master_is_down_is_not_demoted_to_it() {
+    let mut sim = Sim::new(3, 3, 3);
+    sim.crash(2);
+    sim.run_for(3_000).await;
+    sim.servers.get_mut(&addr(7000)).alive = false;
+    for _ in 0..50 {
+        sim.run_for(100).await;
+        if sim.daemons[..2].iter().all(|d| d.g.view.master_sdown) {
+            break;
+        }
+    }
+    assert!(sim.daemons[..2].iter().all(|d| d.g.view.master_sdown));
+    let ms = sim.ms;
+    sim.servers.get_mut(&addr(7001)).promote(ms);
+    for _ in 0..50 {
+        sim.run_for(100).await;
+        let role = sim.servers.get(&addr(7001)).and_then(|s| s.master.clone());
+        assert_eq!(
+            role, None,
+            "the promoted replica was demoted: {:#?}",
+            sim.trace
+        );
+    }
+    assert_eq!(
+        sim.entries("demote 127.0.0.1:7001").count(),
+        0,
+        "{:#?}",
+        sim.trace
+    );
     sim.assert_no_violation();
 }
 
@@ -2194,6 +2466,20 @@ async fn every_planted_bug_is_caught_by_the_simulation() {
         },
     )
     .await;
+    // Invariant 15 with isolation fencing, in the schedules that cut a
+    // master's replication links: a fence lowered for replicas that are
+    // alive but cut off from the master.
+    catch_planted(
+        Mutation::FenceOnLinkedReplicas,
+        "isolation fencing",
+        "invariant 15",
+        |seed| {
+            let mut sim = Sim::with_group(3, 2, seed, fence::FENCED);
+            sim.fencing = Some((1, 1));
+            sim
+        },
+    )
+    .await;
     // Invariant 7 is checked with the clients, in schedules without any
     // server fault: a switchover that does not wait for the handover.
     catch_planted(
@@ -2328,10 +2614,9 @@ async fn a_leader_whose_config_was_refused_fails_its_master_over_with_the_others
     sim.cut_server.insert((leader, addr(7000)));
     sim.servers.get_mut(&addr(7000)).alive = true;
     sim.run_for(6_000).await;
-    assert!(
-        !sim.trace
-            .iter()
-            .any(|(_, _, w)| w.starts_with("demote 127.0.0.1:7001")),
+    assert_eq!(
+        sim.entries("demote 127.0.0.1:7001").count(),
+        0,
         "{:#?}",
         sim.trace
     );

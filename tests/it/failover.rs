@@ -1,8 +1,13 @@
 //! Failover with three picket daemons (quorum 2) against real redis-server
 //! processes: kill -9 of the master, replica selection, re-pointing,
 //! demotion of the returning old master, flush-before-advertise, quorum
-//! loss, durable votes, a partitioned daemon, planned switchovers (Redis
-//! and a Dragonfly stub) and a leader that dies half-way.
+//! loss, durable votes, planned switchovers (Redis and a Dragonfly stub)
+//! and a leader that dies half-way (`SENTINEL SIMULATE-FAILURE`).
+//!
+//! The decisions alone (a partitioned daemon, a replica promoted while
+//! the master is down, the leader's successors) are the simulation's
+//! (`src/group/scenario.rs`, tests of the same names): their
+//! process-level forms here were removed once it covered them.
 //!
 //! The tests of this file run one at a time (they share two cores with the
 //! daemons they start; running them together would make the daemons stall
@@ -1086,7 +1091,9 @@ fn dragonfly_switchover_uses_repltakeover_without_flushing_and_publishes_the_new
 }
 
 // ---------------------------------------------------------------------------
-// 8. the leader dies right after promoting
+// 8. the leader dies right after promoting: the decisions are the
+// simulation's test of the same name; this one checks them through
+// `SENTINEL SIMULATE-FAILURE` on real processes, the daemon's exit 99.
 
 #[test]
 fn a_leader_killed_after_its_promotion_is_succeeded_without_a_second_promotion() {
@@ -1174,169 +1181,9 @@ fn a_leader_killed_after_its_promotion_is_succeeded_without_a_second_promotion()
 }
 
 // ---------------------------------------------------------------------------
-// 5. a partitioned daemon
-
-#[test]
-fn an_isolated_daemon_never_fails_over_and_adopts_the_majority_config_after_healing() {
-    let mut topo = Topology::master_with_replicas(2);
-    let plan = ClusterPlan::new(3);
-    // Daemon i reaches daemon j only through its own proxy proxies[i][j].
-    let proxies = plan.peer_proxies();
-    let proxy = |i: usize, j: usize| proxies[i][j].as_ref().unwrap();
-    let groups = group_toml(GROUP, topo.master.addr(), 2, "");
-    let cluster = plan.start_with_peers(&groups, |i, j| proxy(i, j).addr().to_string());
-    cluster.wait_converged(&[0, 1, 2], GROUP, 3, Duration::from_secs(20));
-    for i in 0..3 {
-        for j in (0..3).filter(|j| *j != i) {
-            assert!(proxy(i, j).accepted() > 0, "{i}->{j} not through its proxy");
-        }
-    }
-
-    // Cut daemon 0 off from both others, both ways.
-    let isolated = &cluster.nodes[0];
-    for j in [1, 2] {
-        proxy(0, j).block();
-        proxy(j, 0).block();
-    }
-    wait_for("the partition to be seen", Duration::from_secs(15), || {
-        let g0 = isolated.group(GROUP);
-        let alone = g0["peers"]
-            .as_array()
-            .is_some_and(|ps| ps.iter().all(|p| p["reachable"] == false));
-        let others = [1, 2].iter().all(|&j| {
-            cluster.nodes[j].group(GROUP)["peers"]
-                .as_array()
-                .is_some_and(|ps| {
-                    ps.iter()
-                        .any(|p| p["id"] == isolated.id.as_str() && p["reachable"] == false)
-                })
-        });
-        alone && others
-    });
-
-    let old = topo.master.addr();
-    topo.master.kill9();
-    // The majority side fails over; the isolated daemon, watching all the
-    // time, never goes beyond SDOWN.
-    let check_isolated = || {
-        let g = isolated.group(GROUP);
-        assert_eq!(g["master_odown"], false, "{g}");
-        assert_eq!(g["failover"], Value::Null, "{g}");
-        assert_eq!(sock(&g["master"]), Some(old), "{g}");
-        g
-    };
-    let (new_master, epoch) =
-        cluster.wait_agreed_new_master_checking(GROUP, &[1, 2], old, FAILOVER_BOUND, || {
-            check_isolated();
-        });
-    let other = topo
-        .replicas
-        .iter()
-        .find(|r| r.addr() != new_master)
-        .unwrap();
-    wait_for("the other replica follows", Duration::from_secs(15), || {
-        replica_linked_to(other, new_master)
-    });
-    // A while later the isolated daemon still holds the old config, sees
-    // the master down and says why it does nothing.
-    let calm_until = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < calm_until {
-        check_isolated();
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let g = check_isolated();
-    assert_eq!(g["master_sdown"], true, "{g}");
-    assert_eq!(g["config_epoch"].as_u64(), Some(0), "{g}");
-    assert!(
-        g["reason"].as_str().is_some_and(|r| r.contains("quorum")),
-        "{g}"
-    );
-    for e in [
-        "+odown",
-        "+try-failover",
-        "+elected-leader",
-        "+promoted-slave",
-        "+convert-to-slave",
-    ] {
-        assert_eq!(isolated.count_event(e), 0, "{e}\n{}", isolated.logs());
-    }
-    // It kept trying to reach its peers.
-    assert!(proxy(0, 1).refused() + proxy(0, 2).refused() > 0);
-
-    // Heal: it adopts the majority's master and epoch.
-    for j in [1, 2] {
-        proxy(0, j).unblock();
-        proxy(j, 0).unblock();
-    }
-    wait_for(
-        "the healed daemon to adopt the new config",
-        Duration::from_secs(15),
-        || {
-            let g = isolated.group(GROUP);
-            sock(&g["master"]) == Some(new_master) && g["config_epoch"].as_u64() == Some(epoch)
-        },
-    );
-    assert_eq!(isolated.master_addr(GROUP), Some(new_master));
-    let g = isolated.group(GROUP);
-    assert_eq!(g["last_failover"]["outcome"], "observed", "{g}");
-    assert_eq!(isolated.count_event("+promoted-slave"), 0);
-    assert_eq!(promotions(&cluster).len(), 1);
-}
-
-// ---------------------------------------------------------------------------
 // Measurement (not a pass/fail test): cargo test --test it failover:: -- --ignored --nocapture
 
 /// Write through the Sentinel API: resolve the master on `node`, SET on it.
-/// A replica that reports role:master while the daemons see their master
-/// down is most likely one a leader has just promoted, its new config still
-/// on the way (Sentinel's "master looks sane" rule): it must not be demoted
-/// to the dead master. Two of three daemons run, with quorum 3, so nothing
-/// fails over and nothing but this rule decides.
-#[test]
-fn a_replica_promoted_while_the_master_is_down_is_not_demoted_to_it() {
-    let mut topo = Topology::master_with_replicas(1);
-    let old = topo.master.addr();
-    let groups = group_toml(GROUP, old, 3, "");
-    let plan = ClusterPlan::new(3);
-    let resp = plan.resp.clone();
-    let peer = move |_: usize, j: usize| resp[j].to_string();
-    let cluster = PicketCluster {
-        nodes: (0..2)
-            .map(|i| plan.spawn_node(i, &groups, &peer, None, &[]))
-            .collect(),
-    };
-    cluster.wait_ready(READY_TIMEOUT);
-    cluster.wait_converged(&[0, 1], GROUP, 2, Duration::from_secs(20));
-    topo.master.kill9();
-    for n in &cluster.nodes {
-        wait_for(
-            &format!("{} to see the master down", n.id),
-            Duration::from_secs(15),
-            || n.group(GROUP)["master_sdown"] == true,
-        );
-    }
-    let replica = &topo.replicas[0];
-    assert!(
-        replica
-            .cmd(&["REPLICAOF", "NO", "ONE"])
-            .is_ok_and(|r| r.is_ok())
-    );
-    // Both daemons read its INFO at least twice meanwhile (every second).
-    let until = Instant::now() + Duration::from_secs(4);
-    while Instant::now() < until {
-        assert_eq!(
-            role(replica).as_deref(),
-            Some("master"),
-            "the promoted replica was demoted\n{}",
-            cluster.logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for n in &cluster.nodes {
-        assert_eq!(n.count_event("+convert-to-slave"), 0, "{}", n.logs());
-    }
-}
-
 fn write_through(node: &PicketNode, key: &str) -> bool {
     let Some(m) = node.master_addr(GROUP) else {
         return false;

@@ -66,7 +66,7 @@ impl Clients {
             {
                 s.lineage = self.fork(None, &s.addr);
             }
-            let writes = s.serving(ms) && s.master.is_none() && s.failing_over_to.is_none();
+            let writes = s.takes_writes(ms) && s.failing_over_to.is_none();
             if writes && self.lineages[s.lineage].1 != s.addr {
                 s.lineage = self.fork(Some((s.lineage, s.offset)), &s.addr);
             }
@@ -75,12 +75,12 @@ impl Clients {
 
     /// After the servers wrote at `ms`: the clients' write to `target`
     /// (the server they are routed to) was acknowledged if it took it: a
-    /// master, answering, neither handing over (`FAILOVER` pauses
-    /// writes), paused nor refusing writes (`-MISCONF`).
+    /// master, answering, its fence met (`fence.rs`), neither handing over
+    /// (`FAILOVER` pauses writes), paused nor refusing writes
+    /// (`-MISCONF`).
     pub(super) fn after_writes(&mut self, servers: &Servers, target: Option<&Addr>, ms: u64) {
         if let Some(s) = target.and_then(|t| servers.get(t))
-            && s.serving(ms)
-            && s.master.is_none()
+            && s.takes_writes(ms)
             && s.failing_over_to.is_none()
             && !s.misconf
             && ms >= s.paused_until

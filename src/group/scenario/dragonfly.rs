@@ -117,6 +117,7 @@ impl Server {
     /// process draws a new history.
     pub(super) fn back_with_data(&mut self, ms: u64) {
         self.alive = true;
+        self.forget_settings();
         if self.dragonfly {
             self.dragonfly_started(ms);
             self.replid = format!("{:036}{:04}", ms + 1, self.addr.port % 10_000);

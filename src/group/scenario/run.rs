@@ -38,6 +38,10 @@ pub struct Run {
     /// With `dragonfly`: the replicas run with
     /// `--break_replication_on_master_restart=true`.
     pub break_replication: bool,
+    /// Isolation fencing configured, and masters' replication links cut
+    /// now and then (`fence.rs`, invariant 15; off: recorded seeds
+    /// replay).
+    pub isolation: bool,
 }
 
 /// What a schedule gave.
@@ -138,6 +142,9 @@ impl Run {
         if self.break_replication {
             cmd += " --break-replication";
         }
+        if self.isolation {
+            cmd += " --isolation";
+        }
         cmd
     }
 }
@@ -146,7 +153,14 @@ impl Run {
 /// healing and 15 s to settle; the invariants are checked after every
 /// step (`Sim::violations`).
 pub async fn run(r: &Run) -> Outcome {
-    let mut sim = Sim::new(r.daemons, r.daemons / 2 + 1, r.seed);
+    let quorum = r.daemons / 2 + 1;
+    let mut sim = if r.isolation {
+        let mut sim = Sim::with_group(r.daemons, quorum, r.seed, super::fence::FENCED);
+        sim.fencing = Some((1, 1));
+        sim
+    } else {
+        Sim::new(r.daemons, quorum, r.seed)
+    };
     sim.net = Net::new(r.net, r.seed);
     if r.dragonfly {
         for s in &mut sim.servers.0 {
@@ -188,6 +202,7 @@ mod tests {
             switchovers: false,
             dragonfly: false,
             break_replication: false,
+            isolation: false,
         };
         let mut kinds = std::collections::BTreeSet::new();
         for seed in [1, 2] {
@@ -340,6 +355,7 @@ mod tests {
                 switchovers: false,
                 dragonfly: false,
                 break_replication: false,
+                isolation: false,
             })
             .await;
         }
@@ -427,6 +443,7 @@ mod tests {
                 switchovers,
                 dragonfly: false,
                 break_replication: false,
+                isolation: false,
             })
             .await;
         }
@@ -455,6 +472,31 @@ mod tests {
                 switchovers: false,
                 dragonfly: true,
                 break_replication: true,
+                isolation: false,
+            })
+            .await;
+        }
+    }
+
+    /// Isolation fencing's seeds (invariant 15), each fixed in picket:
+    /// 1877, a daemon out of TILT lowered a fence the others had raised
+    /// (`FenceState::found`); 3620 and 3640, peers that had not read the
+    /// old master since its re-point did not count it as a replica
+    /// (`isolation::replica_sight`).
+    #[tokio::test]
+    async fn the_isolation_seeds_fixed_since_keep_every_invariant() {
+        for (seed, ops) in [(1877, false), (3620, true), (3640, true)] {
+            replays_clean(Run {
+                seed,
+                daemons: 3,
+                faults: 20,
+                net: Some(NetFaults::all()),
+                ops,
+                service: false,
+                switchovers: false,
+                dragonfly: false,
+                break_replication: false,
+                isolation: true,
             })
             .await;
         }
@@ -475,11 +517,12 @@ mod tests {
             switchovers: true,
             dragonfly: true,
             break_replication: true,
+            isolation: true,
         };
         assert_eq!(
             r.replay_command(),
             "picket-sim --seed 7 --daemons 5 --faults 48 --net --delay-ms 40 --duplicate 0.02 \
-             --no-stalls --ops --service --switchovers --dragonfly --break-replication"
+             --no-stalls --ops --service --switchovers --dragonfly --break-replication --isolation"
         );
         assert_eq!(Run::faults_for_virtual_secs(60), 48);
     }
