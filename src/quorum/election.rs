@@ -825,12 +825,21 @@ impl Election {
             Stage::FailingOver { .. } | Stage::Starting { .. } => {}
             Stage::Electing(b) => {
                 let b = b.clone();
-                if self.votes_for_me(b.epoch) >= self.settings.votes_needed() {
+                // In TILT the votes, and the view they were asked on, are
+                // from before the stall: winning on them would act on that
+                // view (guarantee 9). The election is given up, as a
+                // leader that stalled during its failover steps down (the
+                // simulation, `--isolation --net --ops`, seed 2551: a
+                // daemon stalled 2.2 s after asking won on the votes it
+                // found queued, and promoted a replica at an epoch older
+                // than the config another daemon had published meanwhile).
+                if !o.tilt && self.votes_for_me(b.epoch) >= self.settings.votes_needed() {
                     self.won(o, b, out);
                     return;
                 }
-                let split = self.split(b.epoch);
+                let split = !o.tilt && self.split(b.epoch);
                 if split
+                    || o.tilt
                     || o.now.saturating_duration_since(b.started)
                         >= self.settings.election_timeout()
                 {

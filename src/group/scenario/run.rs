@@ -482,10 +482,13 @@ mod tests {
     /// 1877, a daemon out of TILT lowered a fence the others had raised
     /// (`FenceState::found`); 3620 and 3640, peers that had not read the
     /// old master since its re-point did not count it as a replica
-    /// (`isolation::replica_sight`).
+    /// (`isolation::replica_sight`); 2551 (invariant 20), a daemon
+    /// stalled after asking for votes won on those it found queued, in
+    /// TILT, and failed over at an epoch older than the config published
+    /// meanwhile (`quorum::election`, `drive`).
     #[tokio::test]
     async fn the_isolation_seeds_fixed_since_keep_every_invariant() {
-        for (seed, ops) in [(1877, false), (3620, true), (3640, true)] {
+        for (seed, ops) in [(1877, false), (3620, true), (3640, true), (2551, true)] {
             replays_clean(Run {
                 seed,
                 daemons: 3,

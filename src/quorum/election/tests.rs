@@ -211,6 +211,35 @@ async fn a_random_delay_then_an_election_won_with_a_majority() {
     assert_eq!(e.stage(), &Stage::Watching);
 }
 
+/// Votes found queued after a stall (TILT) are from before it: the
+/// election is given up, not won on them.
+#[tokio::test(start_paused = true)]
+async fn votes_that_come_in_tilt_win_nothing() {
+    let r = Fixed {
+        ok: vec![a(2), a(3)],
+    };
+    let mut e = odown_machine(&r);
+    through_delay(&mut e, &r).await;
+    let o = obs(true, &r);
+    e.on_epoch(&o, Ok(5));
+    assert!(matches!(e.stage(), Stage::Electing(b) if b.epoch == 5));
+    let mut o = obs(true, &r);
+    o.tilt = true;
+    let acts = e.on_answer(&o, 1, 5, o.now, &reply(true, Some("me"), 5));
+    assert!(
+        !has(&acts, |x| matches!(x, Action::StartFailover(_))),
+        "{acts:?}"
+    );
+    assert!(
+        has(&acts, |x| *x == Action::Ended(ElectionResult::Lost)),
+        "{acts:?}"
+    );
+    assert!(!matches!(
+        e.stage(),
+        Stage::Electing(_) | Stage::FailingOver { .. }
+    ));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_wake_up_long_after_the_delay_draws_it_again_once() {
     let r = Fixed { ok: vec![a(2)] };
