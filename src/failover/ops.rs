@@ -463,8 +463,7 @@ impl InstanceOps {
             c.call(["CONFIG", "SET", "min-replicas-max-lag", &lag.to_string()])
                 .await?;
         }
-        let kept = before.0 > to_write && before.0 <= keep;
-        if before.0 != to_write && !kept {
+        if before.0 != to_write && !threshold_kept(before.0, to_write, keep) {
             c.call([
                 "CONFIG",
                 "SET",
@@ -579,6 +578,14 @@ impl InstanceOps {
             }
         }
     }
+}
+
+/// Whether a `min-replicas-to-write` of `found` is left in place when
+/// `to_write` is wanted and up to `keep` would be justified: found above
+/// what is wanted but no higher than `keep` (raised by another daemon;
+/// `FenceState::found`).
+pub fn threshold_kept(found: u32, to_write: u32, keep: u32) -> bool {
+    found > to_write && found <= keep
 }
 
 /// Whether a switchover's `FAILOVER` may go to `old_master`, read as

@@ -456,7 +456,7 @@ impl Group {
         let group = self.cfg.name.clone();
         // A higher fence found within `keep` was left in place.
         let target = match &result {
-            Ok((before, _)) if *before > target && *before <= keep => {
+            Ok((before, _)) if crate::failover::ops::threshold_kept(*before, target, keep) => {
                 if self.master == master {
                     self.isolation.state.found(*before);
                     self.isolation.target = Some(*before);

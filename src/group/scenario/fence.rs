@@ -19,6 +19,7 @@ use rand::Rng;
 
 use super::{Server, Servers, Sim};
 use crate::addr::Addr;
+use crate::failover::ops::threshold_kept;
 use crate::group::isolation::SYNC_GRACE;
 use crate::resp::RespError;
 
@@ -280,7 +281,8 @@ impl Sim {
         let Some(s) = self.servers.get(a).filter(|_| self.reaches(i, a)) else {
             return Err(RespError::Closed);
         };
-        if s.min_replicas > target && s.min_replicas <= keep {
+        let kept = threshold_kept(s.min_replicas, target, keep);
+        if kept {
             self.note(
                 i,
                 format!("min-replicas-to-write {} kept on {a}", s.min_replicas),
@@ -298,7 +300,7 @@ impl Sim {
         if let Some(lag) = lag {
             s.max_lag_s = lag;
         }
-        if !(before.0 > target && before.0 <= keep) {
+        if !kept {
             s.min_replicas = target;
             self.fence_set_on(a, target);
         }
@@ -322,6 +324,18 @@ mod tests {
             let r = sim.servers.get(&addr(p)).expect("a replica");
             assert_eq!(r.min_replicas, 0);
         }
+        sim
+    }
+
+    /// [`fenced`], then both replicas dead for 8 s: the fence lowered.
+    async fn replicas_dead() -> Sim {
+        let mut sim = fenced().await;
+        for p in [7001, 7002] {
+            sim.servers.get_mut(&addr(p)).alive = false;
+        }
+        sim.run_for(8_000).await;
+        let m = sim.servers.get(&addr(7000)).expect("7000");
+        assert_eq!(m.min_replicas, 0, "lowered: {:#?}", sim.trace);
         sim
     }
 
@@ -396,13 +410,7 @@ mod tests {
     /// raise it again once the replicas are back and linked.
     #[tokio::test]
     async fn a_fenced_group_stays_writable_when_both_replicas_die() {
-        let mut sim = fenced().await;
-        for p in [7001, 7002] {
-            sim.servers.get_mut(&addr(p)).alive = false;
-        }
-        sim.run_for(8_000).await;
-        let m = sim.servers.get(&addr(7000)).expect("7000");
-        assert_eq!(m.min_replicas, 0, "lowered: {:#?}", sim.trace);
+        let mut sim = replicas_dead().await;
         let before = sim.ms;
         let last = last_write(&mut sim, 7000, 2_000).await;
         assert!(last > before + 1_000, "writable: {:#?}", sim.trace);
@@ -425,13 +433,8 @@ mod tests {
     /// --isolation --net`: a daemon out of TILT did).
     #[tokio::test]
     async fn a_fence_another_daemon_raised_is_not_lowered_again_to_wait_for_synchronisation() {
-        let mut sim = fenced().await;
-        for p in [7001, 7002] {
-            sim.servers.get_mut(&addr(p)).alive = false;
-        }
-        sim.run_for(8_000).await;
+        let mut sim = replicas_dead().await;
         let fence = |sim: &Sim| sim.servers.get(&addr(7000)).map(|s| s.min_replicas);
-        assert_eq!(fence(&sim), Some(0), "lowered: {:#?}", sim.trace);
         sim.servers.get_mut(&addr(7000)).links_cut = true;
         for p in [7001, 7002] {
             let ms = sim.ms;
