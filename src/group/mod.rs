@@ -240,6 +240,10 @@ struct Group {
     /// time before it is demoted (`repair.rs`): a peer's hello wakes the
     /// topology check too.
     awaiting_hellos: Option<Instant>,
+    /// The master this daemon's config names, and since when it has
+    /// looked sane without a break (`repair.rs`): a stray master is
+    /// demoted only on hellos from after that too.
+    master_sane_since: Option<(Addr, Instant)>,
     /// A failover of this daemon's left the backends fenced at its epoch
     /// and published nothing (aborted, or stepped down for a newer
     /// election): that epoch, and from when to route the kept master
@@ -435,6 +439,7 @@ impl Group {
             pending_switchover: None,
             pause_renewed_at: None,
             awaiting_hellos: None,
+            master_sane_since: None,
             kept_route: None,
             switchovers_sent: 0,
             switchover_ends_by: None,

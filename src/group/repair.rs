@@ -195,16 +195,35 @@ impl Group {
             || self.reports_replica_now(addr)
     }
 
+    /// Since when the master this daemon's config names has looked sane
+    /// (a master on an INFO of its current connection, not a restart
+    /// still to be judged) without a break, if it does now.
+    fn track_master_sane(&mut self, now: Instant) -> Option<Instant> {
+        let master = &self.master;
+        let sane = self.reports_master_now(master)
+            && self
+                .instances
+                .get(master)
+                .is_some_and(|i| !i.reboot_unjudged);
+        self.master_sane_since = match self.master_sane_since.take() {
+            Some((a, t)) if sane && a == *master => Some((a, t)),
+            _ if sane => Some((master.clone(), now)),
+            _ => None,
+        };
+        self.master_sane_since.as_ref().map(|(_, t)| *t)
+    }
+
     pub(super) fn check_topology(&mut self, now: Instant) {
         self.confirm_start_config();
         // Not held back with the repairs: it only publishes a config this
         // daemon adopted, as the leader did.
         self.publish_adopted_when_due();
+        let master = self.master.clone();
+        let sane_since = self.track_master_sane(now);
         if !self.may_reconfigure(now) {
             return;
         }
         self.publish_current_if_needed();
-        let master = self.master.clone();
         let master_up = self
             .instances
             .get(&master)
@@ -218,11 +237,7 @@ impl Group {
         // A master that restarted and is not judged yet (its replicas'
         // holdings still to be read) is not sane either: it may be the
         // empty server the others have already failed over.
-        let master_sane = self.reports_master_now(&master)
-            && self
-                .instances
-                .get(&master)
-                .is_some_and(|i| !i.reboot_unjudged);
+        let master_sane = sane_since.is_some();
         let master_read_at = self.instances.get(&master).and_then(|i| i.info_at);
         let mut reread_master = false;
         let mut reread = Vec::new();
@@ -302,13 +317,26 @@ impl Group {
                                 now.saturating_duration_since(t) < PROMOTED_GRACE
                             })) => {}
                 // Not before a majority's hellos came after it appeared
-                // (`appeared_at`): meanwhile the daemon waits, and has
-                // asked for them.
+                // (`appeared_at`), and after the master last turned sane:
+                // meanwhile the daemon waits, and has asked for them. A
+                // stray that has been a master all along becomes one to
+                // demote only when this daemon's master looks sane again,
+                // and hellos from before that say nothing of an election
+                // begun while the master was down, whose leader may be
+                // making that stray the master (the simulation with every
+                // fault, seed 30569: a daemon stalled 0.8 s while its
+                // master was down demoted, 60 ms after the master came
+                // back, the stray the others had just published at a newer
+                // epoch, on hellos from before their election).
                 Role::Master
                     if master_sane
-                        && appeared_at(inst).is_some_and(|t| !heard_by_majority_since(t)) =>
+                        && [appeared_at(inst), sane_since]
+                            .into_iter()
+                            .flatten()
+                            .max()
+                            .is_some_and(|t| !heard_by_majority_since(t)) =>
                 {
-                    awaiting_hellos = awaiting_hellos.max(appeared_at(inst));
+                    awaiting_hellos = awaiting_hellos.max(appeared_at(inst)).max(sane_since);
                 }
                 Role::Master if master_sane => {
                     let confirmed = match (inst.role_changed_at, master_read_at) {

@@ -344,6 +344,12 @@ mod tests {
             // stalled in the time to settle (6546).
             (6249, cuts, true, true),
             (6546, cuts, true, true),
+            // A daemon stalled 0.8 s while its master was down demoted,
+            // as the master came back, the stray master the others had
+            // just published at a newer epoch, on hellos from before
+            // their election: hellos count only from after the master
+            // turned sane again (30569).
+            (30569, cuts, true, true),
         ] {
             replays_clean(Run {
                 seed,
