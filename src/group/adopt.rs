@@ -543,7 +543,21 @@ impl Group {
         // backend would refuse it and stay without a master (the chaos
         // test with isolation fencing, seed 1592590344). No other daemon
         // can publish at that epoch: this one won it.
-        let epoch = abandoned.map_or(group.config_epoch, |e| e.max(group.config_epoch));
+        // Not while that failover's promotion or its re-points are still
+        // out: on Dragonfly they take effect when they answer, and one of
+        // them may yet make the peer's master a replica (the simulation on
+        // Dragonfly, seed 1138: published at the fence's epoch, that
+        // master became a replica of this failover's candidate 200 ms
+        // later). It is routed at the fence's epoch once they have
+        // answered and it still reads as a master (`route_kept_master`).
+        let now = self.now;
+        let epoch = match abandoned {
+            Some(e) if e > group.config_epoch && self.commands_out(now) => {
+                self.kept_route = Some((e, now));
+                group.config_epoch
+            }
+            _ => abandoned.map_or(group.config_epoch, |e| e.max(group.config_epoch)),
+        };
         let old = self.master.clone();
         self.adopt_master(group.master, epoch, Reporter::Observer, Some(from));
         let topology = self.topology(Reporter::Observer, self.replaced(old));

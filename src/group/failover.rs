@@ -133,7 +133,11 @@ impl Group {
         // every fault, seed 6066: the failover aborted 10 ms after its
         // last `FAILOVER`, which then handed over, and clients were routed
         // to a replica).
-        if now < due || self.failover.is_some() || self.election.busy() || self.switchover_out(now)
+        if now < due
+            || self.failover.is_some()
+            || self.election.busy()
+            || self.switchover_out(now)
+            || self.commands_out(now)
         {
             return;
         }
@@ -193,6 +197,24 @@ impl Group {
     /// The result of a step of the failover of `epoch`: fed to the machine
     /// if that failover still runs.
     pub(super) fn on_failover_result(&mut self, now: Instant, epoch: u64, input: Input) {
+        let answered = match &input {
+            Input::Promoted(_) => Some(None),
+            Input::RepointSent(replica, _) => Some(Some(replica)),
+            _ => None,
+        };
+        if let Some(replica) = answered
+            && let Some(k) = self
+                .commands_out
+                .iter()
+                .position(|c| c.epoch == epoch && c.replica.as_ref() == replica)
+        {
+            self.commands_out.swap_remove(k);
+            // A master kept while they were out is read again after this
+            // answer before it is routed.
+            if let Some((e, due)) = self.kept_route {
+                self.kept_route = Some((e, due.max(now)));
+            }
+        }
         if input == Input::Promoted(Ok(())) {
             self.ctx
                 .maybe_crash(crate::context::CRASH_AFTER_PROMOTION, "after the promotion");
@@ -313,6 +335,11 @@ impl Group {
                 Action::Promote { candidate, flush } => {
                     let flavour = self.flavour_of(&candidate);
                     tracing::info!(group = %self.cfg.name, %candidate, flush, "promoting");
+                    self.commands_out.push(CommandOut {
+                        epoch,
+                        replica: None,
+                        until: self.now + deadline,
+                    });
                     let chosen = self.failover.as_ref().and_then(|r| r.candidate.clone());
                     self.effects.run(Work::Promote {
                         epoch,
@@ -370,6 +397,13 @@ impl Group {
                     // until its REPLICAOF NO ONE has begun, which this
                     // re-point may overtake; retried until then, within the
                     // time the promotion itself is given.
+                    if beside_promotion {
+                        self.commands_out.push(CommandOut {
+                            epoch,
+                            replica: Some(replica.clone()),
+                            until: self.now + deadline,
+                        });
+                    }
                     let (retry_for, master_chosen) = if beside_promotion {
                         (
                             crate::failover::ops::PROMOTE_ROLE_WAIT.min(deadline),
@@ -482,6 +516,23 @@ impl Group {
         }
     }
 
+    /// A promotion, or a re-point sent beside one, of a failover of this
+    /// daemon's that is over (given up for a newer config, stepped down,
+    /// aborted) has not answered yet: on Dragonfly it takes effect when it
+    /// answers (a `REPLICAOF NO ONE` at the end of the replica's retry
+    /// sleep, a re-point once its master's promotion has ended), and a
+    /// failover started meanwhile chose its candidate without it (the
+    /// simulation on Dragonfly, seed 1042: a daemon gave up its failover
+    /// for a peer's newer config and, 100 ms later, promoted and published
+    /// the replica its own earlier re-point then made a replica of the
+    /// other candidate). No election starts here until they have
+    /// answered, or until the failover's time is up for a lost answer.
+    pub(super) fn commands_out(&mut self, now: Instant) -> bool {
+        self.commands_out.retain(|c| now < c.until);
+        let running = self.failover.as_ref().map(|r| r.machine.epoch);
+        self.commands_out.iter().any(|c| Some(c.epoch) != running)
+    }
+
     /// A switchover command of this daemon may still hand over on the
     /// server: its result has not come back, and its end is not past.
     /// The deadline stands in for a result that never comes (the
@@ -506,4 +557,14 @@ impl Group {
         let topology = self.topology(Reporter::Leader, None);
         self.persist_and_publish(topology, false);
     }
+}
+
+/// A promotion (`replica` None) or a re-point beside it, sent by this
+/// daemon's failover of `epoch`, whose answer has not come back; waited
+/// for until `until` (`Group::commands_out`).
+#[derive(Debug)]
+pub(super) struct CommandOut {
+    epoch: u64,
+    replica: Option<Addr>,
+    until: Instant,
 }

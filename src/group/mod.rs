@@ -80,6 +80,7 @@ use crate::quorum::state::{GroupRecord, MasterIdentity, StateError};
 use crate::quorum::table::PeerSnapshot;
 use crate::resp::ClientOptions;
 use effects::{Effects, Internal, Work};
+use failover::CommandOut;
 use observe::{Instance, RunClock};
 use view::{GroupView, LastFailover};
 
@@ -260,6 +261,11 @@ struct Group {
     /// it restarted may still hand over (`led_switchover_until` in the
     /// state file): counted as a command still out.
     switchover_before_start: Option<Instant>,
+    /// Promotions and re-points beside them that this daemon's failovers
+    /// sent and whose answers have not come back (`failover.rs`,
+    /// `commands_out`): one of a failover given up meanwhile may still
+    /// take effect on its server.
+    commands_out: Vec<CommandOut>,
     last_failover: Option<LastFailover>,
     /// When the task last ran anything, to notice stalls of the process.
     run_clock: RunClock,
@@ -443,6 +449,7 @@ impl Group {
             kept_route: None,
             switchovers_sent: 0,
             switchover_ends_by: None,
+            commands_out: Vec::new(),
             switchover_before_start,
             last_failover: None,
             run_clock: RunClock::new(

@@ -460,14 +460,28 @@ mod tests {
     /// INFO of its previous process, copied through the re-point sent
     /// beside its promotion (346, 1389); two leaders a round apart, the
     /// older one's re-point beside its promotion made the newer master a
-    /// replica (45 without the network's faults, 2503 with them).
+    /// replica (45 without the network's faults, 2503 with them); a
+    /// failover given up while its promotion and the re-points beside it
+    /// were still out, after which the same daemon elected and published
+    /// the replica one of them then made a replica (669, 1042), or
+    /// published the adopted master at its fence's epoch before one of
+    /// them made it a replica (534, 1138).
     #[tokio::test]
     async fn the_dragonfly_seeds_fixed_since_keep_every_invariant() {
         let cuts = Some(NetFaults {
             server_cuts: true,
             ..NetFaults::all()
         });
-        for (seed, net) in [(346, cuts), (1389, cuts), (45, None), (2503, cuts)] {
+        for (seed, net) in [
+            (346, cuts),
+            (1389, cuts),
+            (45, None),
+            (2503, cuts),
+            (669, None),
+            (1042, None),
+            (534, None),
+            (1138, None),
+        ] {
             replays_clean(Run {
                 seed,
                 daemons: 3,
