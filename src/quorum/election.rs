@@ -300,6 +300,9 @@ pub struct Observation<'a> {
     /// while the first, cut off from everyone, still retried its
     /// promotion, which then succeeded and re-pointed the second one's
     /// master (the simulation, seed 855 with operations and a Service).
+    /// Set too while a promotion of this daemon's own failover that is
+    /// over has not answered (`Group::commands_out`): it may still take
+    /// effect.
     pub peer_failing_over: bool,
 }
 
