@@ -223,7 +223,7 @@ impl Group {
         f: impl FnOnce(&mut Election, &Observation<'_>) -> Vec<Action>,
     ) -> (Vec<Action>, bool) {
         let tilt = self.ctx.tilt.active(now);
-        let peer_failing_over = self.peer_failing_over(now) || self.commands_out(now);
+        let promotion_out = self.peer_failing_over(now) || self.commands_out(now);
         let replicas = ReplicaSet::new(
             &self.instances,
             &self.master,
@@ -238,7 +238,7 @@ impl Group {
             config_epoch: self.config_epoch,
             replicas: &replicas,
             rank: self.rank(),
-            peer_failing_over,
+            promotion_out,
         };
         (f(&mut self.election, &o), tilt)
     }

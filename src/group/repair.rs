@@ -130,7 +130,7 @@ impl Group {
 
     /// A peer's hello within the TTL says a leader fails the master over
     /// in an epoch newer than this daemon's config: the peer leads it, or
-    /// voted for its leader (see `Observation::peer_failing_over`).
+    /// voted for its leader (see `Observation::promotion_out`).
     pub(super) fn peer_failing_over(&self, now: Instant) -> bool {
         self.peers
             .iter()

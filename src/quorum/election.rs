@@ -292,18 +292,18 @@ pub struct Observation<'a> {
     /// This daemon's place (0: first) among the daemons that reach each
     /// other, ordered alike by all of them (by address).
     pub rank: usize,
-    /// A peer's recent hello says a leader is failing the master over in
-    /// an epoch newer than the config (its own failover, or a leader it
-    /// voted for): no election starts here meanwhile. Sentinel's voters
+    /// A promotion this election did not start may still take effect, so
+    /// no election starts here meanwhile: a peer's recent hello says a
+    /// leader is failing the master over in an epoch newer than the
+    /// config (its own failover, or a leader it voted for). Sentinel's voters
     /// stand back `failover_timeout`; a daemon that restarted since, or
     /// was not asked, stood back from nothing and elected a second leader
     /// while the first, cut off from everyone, still retried its
     /// promotion, which then succeeded and re-pointed the second one's
     /// master (the simulation, seed 855 with operations and a Service).
-    /// Set too while a promotion of this daemon's own failover that is
-    /// over has not answered (`Group::commands_out`): it may still take
-    /// effect.
-    pub peer_failing_over: bool,
+    /// Or a promotion, or a re-point beside it, of this daemon's own
+    /// failover that is over has not answered (`Group::commands_out`).
+    pub promotion_out: bool,
 }
 
 /// The ODOWN detector and election of one group.
@@ -554,8 +554,8 @@ impl Election {
         // then the first leader, back, promoted its candidate and
         // re-pointed the switchover's new master to it, losing the writes
         // that master had acknowledged. The unplanned path waits for the
-        // same (`peer_failing_over`, the back-off after a vote).
-        if o.peer_failing_over || self.standing_back_for(o.now, o.config_epoch).is_some() {
+        // same (`promotion_out`, the back-off after a vote).
+        if o.promotion_out || self.standing_back_for(o.now, o.config_epoch).is_some() {
             return vec![Action::Switchover(Err(FailoverError::AnotherLeader))];
         }
         if o.master_sdown {
@@ -864,7 +864,7 @@ impl Election {
             }
             Stage::Watching | Stage::Backoff { .. } | Stage::Delay { .. } => {
                 let waiting = matches!(self.stage, Stage::Backoff { until } if o.now < until)
-                    || o.peer_failing_over;
+                    || o.promotion_out;
                 if o.tilt || self.odown_since.is_none() || waiting {
                     if matches!(self.stage, Stage::Delay { .. }) {
                         self.stage = Stage::Watching;

@@ -263,7 +263,7 @@ impl Sim {
             config_epoch: n.config_epoch,
             replicas: &replica,
             rank: i,
-            peer_failing_over: false,
+            promotion_out: false,
         };
         f(&mut n.machine, &o)
     }

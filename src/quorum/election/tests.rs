@@ -50,7 +50,7 @@ fn obs<'a>(sdown: bool, r: &'a Fixed) -> Observation<'a> {
         replicas: r,
         // Second: a delay of one step and a random part before starting.
         rank: 1,
-        peer_failing_over: false,
+        promotion_out: false,
     }
 }
 
@@ -556,7 +556,7 @@ async fn no_election_starts_while_a_peer_reports_a_newer_failover() {
     // long that lasts, this daemon does not start a second election.
     for _ in 0..10 {
         let o = Observation {
-            peer_failing_over: true,
+            promotion_out: true,
             ..obs(true, &r)
         };
         e.on_answer(&o, 0, 1, o.now, &reply(true, None, 0));
