@@ -52,13 +52,13 @@ impl Group {
             self.cfg.failover_timeout,
             flavour,
         );
-        self.failover = Some(Running {
+        self.failover = Some(Box::new(Running {
             machine,
             started: ballot.started,
             candidate,
             master_history,
             superseded: false,
-        });
+        }));
         self.emit(EventKind::FailoverStateSelectSlave, &Detail::Master);
         self.run_failover_actions(actions);
     }

@@ -229,7 +229,7 @@ struct Group {
     /// `replica-announce-ip` that resolves to a configured name's IP).
     aliases: BTreeMap<Addr, Addr>,
     election: Election,
-    failover: Option<Running>,
+    failover: Option<Box<Running>>,
     /// The reply to a switchover request whose election runs.
     switchover_reply: Option<SwitchoverReply>,
     /// A switchover request waiting for fresh INFO from every replica

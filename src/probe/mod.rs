@@ -306,8 +306,13 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
     let mut next_ping = Instant::now();
     // When INFO was last asked for (None: at once).
     let mut last_info: Option<Instant> = None;
-    // The last full INFO on this connection: when, and what only it tells.
-    let mut full: Option<(Instant, ServerFields)> = None;
+    // The last full INFO on this connection: when, what only it tells,
+    // and the full-read period (ms) its phase was taken in.
+    let mut full: Option<(Instant, ServerFields, u64)> = None;
+    // This probe's place in the INFO period, and the period it has taken
+    // it in (None: not yet, on this connection).
+    let phase = Phase::of(&s.server);
+    let mut phased_for: Option<Duration> = None;
     // One timer and one wake-up registration, kept across the idle waits
     // (re-created each time, they were registered and freed at every
     // PING).
@@ -363,6 +368,7 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
                     // old master must be seen, and demoted, without delay.
                     last_info = None;
                     full = None;
+                    phased_for = None;
                     next_ping = Instant::now();
                 }
                 Err(e) => {
@@ -403,8 +409,19 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
             last_info = None;
             full = None;
         }
-        let next_info = last_info.map_or(now, |t| on_grid(t + ctl.info_period(), grain));
+        let period = ctl.info_period();
+        let next_info = last_info.map_or(now, |t| {
+            let early = if phased_for == Some(period) {
+                Duration::ZERO
+            } else {
+                phase.early(period, s.ping_period)
+            };
+            on_grid(t + period - early, grain)
+        });
         let result = if now >= next_info {
+            if last_info.is_some() {
+                phased_for = Some(period);
+            }
             last_info = Some(now);
             // Boxed: read once a second at most, its future (the reply's
             // text and the parsed INFO) need not be part of every probe.
@@ -518,6 +535,45 @@ async fn hold_on_return(
             }
             true
         }
+    }
+}
+
+/// Where a probe's periodic INFO falls in its period, from its address.
+///
+/// Probes started together (every instance at start-up, or every replica
+/// when a failover's fast reads end) would otherwise read their INFO in
+/// the same second for ever: a thousand replies of 4 KB, their text and
+/// their parse alive at once, a peak the allocator keeps as resident
+/// memory after it is freed. Each probe's first periodic INFO after a
+/// connect or a change of period comes earlier by a whole number of PING
+/// periods, different across probes, and the ones after it a period
+/// apart: the reads stay on the PING grid (no extra wake-up), none is
+/// later than before, and a thousand probes read about a tenth of
+/// themselves each second of a 10 s period.
+#[derive(Debug, Clone, Copy)]
+struct Phase(f64);
+
+impl Phase {
+    /// A fraction in [0, 1) of `server`'s address, spread evenly.
+    fn of(server: &str) -> Phase {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::hash::DefaultHasher::new();
+        server.hash(&mut h);
+        // The top 53 bits, exactly representable: [0, 1).
+        Phase((h.finish() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+
+    /// How much earlier than `period` the first read comes: this phase's
+    /// share of the period, in whole `step`s (none when the period is a
+    /// single step).
+    fn early(self, period: Duration, step: Duration) -> Duration {
+        let Some(steps) = period.as_nanos().checked_div(step.as_nanos()) else {
+            return Duration::ZERO;
+        };
+        let steps = u32::try_from(steps).unwrap_or(u32::MAX);
+        // Truncation intended: a whole number of steps below `steps`.
+        let k = (self.0 * f64::from(steps)) as u32;
+        step.saturating_mul(k.min(steps.saturating_sub(1)))
     }
 }
 
@@ -695,14 +751,24 @@ async fn info_round(
     duration: &metrics::Histogram,
     ctl: &Control,
     reported_ok: &mut bool,
-    full: &mut Option<(Instant, ServerFields)>,
+    full: &mut Option<(Instant, ServerFields, u64)>,
 ) -> Result<bool, RespError> {
     let start = Instant::now();
     let every = ctl.full_info_every_ms.load(Ordering::Relaxed);
     let known = full
         .as_ref()
-        .filter(|(t, _)| every > 0 && start.duration_since(*t) < Duration::from_millis(every))
-        .map(|(_, f)| f);
+        .filter(|(t, _, phased)| {
+            let period = Duration::from_millis(every);
+            // The first full read in a new period comes earlier by the
+            // probe's phase, as the periodic INFO does (see [`Phase`]).
+            let early = if *phased == every {
+                Duration::ZERO
+            } else {
+                Phase::of(&s.server).early(period, ctl.info_period())
+            };
+            every > 0 && start.duration_since(*t) + early < period
+        })
+        .map(|(_, f, _)| f);
     // `INFO` without arguments covers server, replication and persistence
     // on every flavour (Dragonfly does not accept several section names,
     // but one it does).
@@ -758,7 +824,7 @@ async fn info_round(
         Some(f) => Box::new(info::parse_info(&text).with_server_fields(f)),
         None => {
             let info = info::parse_info(&text);
-            *full = Some((start, info.server_fields()));
+            *full = Some((start, info.server_fields(), every));
             Box::new(info)
         }
     };
@@ -816,6 +882,31 @@ mod tests {
         );
         assert_eq!(grain(Duration::from_millis(20)), Duration::from_millis(5));
         assert_eq!(grain(Duration::from_secs(10)), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn the_periodic_info_is_spread_over_the_period_and_never_later() {
+        let s = Duration::from_secs;
+        let mut per_second = [0u32; 10];
+        for i in 0..1000 {
+            let early = Phase::of(&format!("10.0.{}.{}:6379", i / 250, i % 250)).early(s(10), s(1));
+            assert!(early < s(10) && early.subsec_nanos() == 0, "{early:?}");
+            per_second[early.as_secs() as usize] += 1;
+        }
+        // About a tenth of the probes in each second of the period.
+        assert!(
+            per_second.iter().all(|&n| (50..=150).contains(&n)),
+            "{per_second:?}"
+        );
+        // One PING period per INFO period: nothing to spread.
+        let p = Phase::of("10.0.0.1:6379");
+        assert_eq!(p.early(s(1), s(1)), Duration::ZERO);
+        assert_eq!(p.early(s(1), Duration::ZERO), Duration::ZERO);
+        // The same address, the same place.
+        assert_eq!(
+            p.early(s(10), s(1)),
+            Phase::of("10.0.0.1:6379").early(s(10), s(1))
+        );
     }
 
     #[test]
