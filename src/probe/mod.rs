@@ -172,6 +172,8 @@ struct Control {
     /// How long a hold put on at a reconnect lasts, in milliseconds (0:
     /// no hold; see [`hold`]): set by the group for its master.
     sync_hold_ms: AtomicU64,
+    /// Where this probe's less frequent reads fall in their period.
+    phase: Phase,
 }
 
 impl Control {
@@ -286,6 +288,7 @@ pub fn spawn(settings: ProbeSettings, tx: mpsc::Sender<Box<ProbeEvent>>) -> Prob
         full_info_every_ms: AtomicU64::new(0),
         last_valid: AtomicU64::new(0),
         sync_hold_ms: AtomicU64::new(0),
+        phase: Phase::of(&settings.server),
     });
     origin();
     let period = settings.info_period;
@@ -309,9 +312,8 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
     // The last full INFO on this connection: when, what only it tells,
     // and the full-read period (ms) its phase was taken in.
     let mut full: Option<(Instant, ServerFields, u64)> = None;
-    // This probe's place in the INFO period, and the period it has taken
-    // it in (None: not yet, on this connection).
-    let phase = Phase::of(&s.server);
+    // The INFO period this probe has taken its phase in (None: not yet,
+    // on this connection).
     let mut phased_for: Option<Duration> = None;
     // One timer and one wake-up registration, kept across the idle waits
     // (re-created each time, they were registered and freed at every
@@ -411,11 +413,9 @@ async fn run(s: Box<ProbeSettings>, tx: mpsc::Sender<Box<ProbeEvent>>, ctl: Arc<
         }
         let period = ctl.info_period();
         let next_info = last_info.map_or(now, |t| {
-            let early = if phased_for == Some(period) {
-                Duration::ZERO
-            } else {
-                phase.early(period, s.ping_period)
-            };
+            let early = ctl
+                .phase
+                .early_unless(phased_for == Some(period), period, s.ping_period);
             on_grid(t + period - early, grain)
         });
         let result = if now >= next_info {
@@ -561,6 +561,16 @@ impl Phase {
         server.hash(&mut h);
         // The top 53 bits, exactly representable: [0, 1).
         Phase((h.finish() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+
+    /// How much earlier than `period` the next read comes: nothing when
+    /// the phase was already `taken` in this period, else [`early`](Self::early).
+    fn early_unless(self, taken: bool, period: Duration, step: Duration) -> Duration {
+        if taken {
+            Duration::ZERO
+        } else {
+            self.early(period, step)
+        }
     }
 
     /// How much earlier than `period` the first read comes: this phase's
@@ -761,11 +771,9 @@ async fn info_round(
             let period = Duration::from_millis(every);
             // The first full read in a new period comes earlier by the
             // probe's phase, as the periodic INFO does (see [`Phase`]).
-            let early = if *phased == every {
-                Duration::ZERO
-            } else {
-                Phase::of(&s.server).early(period, ctl.info_period())
-            };
+            let early = ctl
+                .phase
+                .early_unless(*phased == every, period, ctl.info_period());
             every > 0 && start.duration_since(*t) + early < period
         })
         .map(|(_, f, _)| f);
