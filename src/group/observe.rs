@@ -897,9 +897,18 @@ impl Group {
         // simulation, seed 1345 of `--ops --service`). Judged behind it,
         // the restarted master is failed over, and that master, a
         // candidate like any other, is chosen if it holds the most.
+        // The replica a leader that has not published yet was promoting
+        // continues that history too, whatever its replication id says:
+        // Dragonfly draws a new one at a promotion and keeps no second
+        // one. Left out, a daemon restarted after its vote kept the master
+        // that had come back empty, and demoted that replica to it (the
+        // simulation on Dragonfly, seeds 1884679 and 1885280).
         let history = inst.history_before_reboot.as_ref();
-        let continues = |i: &InfoSnapshot| {
-            history.is_some_and(|h| i.replid.as_ref() == Some(h) || i.replid2.as_ref() == Some(h))
+        let promoted = self.intended_promotion(now);
+        let continues = |r: &Instance, i: &InfoSnapshot| {
+            promoted.as_ref() == Some(&r.addr)
+                || history
+                    .is_some_and(|h| i.replid.as_ref() == Some(h) || i.replid2.as_ref() == Some(h))
         };
         let holdings: Vec<reboot::Holding> = self
             .instances
@@ -907,7 +916,7 @@ impl Group {
             .filter(|r| r.addr != *addr)
             .filter_map(|r| {
                 let i = r.info.as_deref()?;
-                (i.role == Role::Replica || (i.role == Role::Master && continues(i)))
+                (i.role == Role::Replica || (i.role == Role::Master && continues(r, i)))
                     .then(|| reboot::Holding::of(r.addr.to_string(), i))
             })
             .collect();

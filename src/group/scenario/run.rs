@@ -498,6 +498,34 @@ mod tests {
         }
     }
 
+    /// Seeds found on Dragonfly with `--break_replication_on_master_restart`
+    /// and no other fault kind (1884679, 1885280): the master restarted
+    /// empty, and its failover's leader and a voter were killed after the
+    /// promotion went out, before the publication; restarted, the leader
+    /// published the kept master at its fence's epoch, and no daemon
+    /// judging that master's restart counted the promoted replica (a
+    /// Dragonfly master with a new replication id), so the master was kept
+    /// and the promoted replica demoted to it and emptied (invariant 19).
+    /// The replica a leader was promoting now counts (`judge_reboot`).
+    #[tokio::test]
+    async fn the_dragonfly_restarted_leader_seeds_keep_every_invariant() {
+        for seed in [1884679, 1885280] {
+            replays_clean(Run {
+                seed,
+                daemons: 3,
+                faults: 20,
+                net: None,
+                ops: false,
+                service: false,
+                switchovers: false,
+                dragonfly: true,
+                break_replication: true,
+                isolation: false,
+            })
+            .await;
+        }
+    }
+
     /// Isolation fencing's seeds (invariant 15), each fixed in picket:
     /// 1877, a daemon out of TILT lowered a fence the others had raised
     /// (`FenceState::found`); 3620 and 3640, peers that had not read the
