@@ -123,16 +123,23 @@ failover_timeout = "5s"
         server,
         dir,
     };
-    wait_for(
+    // What the last poll saw, and the daemon's log, if it never comes:
+    // a clean-clone CI run once timed out here with nothing to tell why.
+    let last = std::cell::RefCell::new(None);
+    wait_for_or(
         "picket to watch the replica",
         Duration::from_secs(20),
         || {
-            s.status().is_some_and(|st| {
+            let st = s.status();
+            let seen = st.as_ref().is_some_and(|st| {
                 st["groups"][0]["instances"].as_array().is_some_and(|a| {
                     a.len() == 2 && a.iter().all(|i| i["role"] != "unknown" && i["up"] == true)
                 })
-            })
+            });
+            *last.borrow_mut() = st;
+            seen
         },
+        || format!("last status: {:?}\n{}", last.borrow(), s.picket.logs()),
     );
     s
 }
